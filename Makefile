@@ -1,0 +1,49 @@
+# Everything a fresh machine needs: `make test` and `make demo` set themselves up.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint typecheck pytest demo bench clean
+
+KUBECTL := .cache/kubectl/usr/bin/kubectl
+
+install: $(STAMP)
+
+# Debian's kubectl (package kubernetes-client), extracted rather than installed:
+# /usr/bin/kubectl may belong to another package on the machine.
+$(KUBECTL):
+	mkdir -p .cache/kubectl
+	cd .cache/kubectl && (apt-get download kubernetes-client || (apt-get update -qq && apt-get download kubernetes-client))
+	dpkg-deb -x .cache/kubectl/kubernetes-client_*.deb .cache/kubectl
+	rm -f .cache/kubectl/*.deb
+	test -x $(KUBECTL)
+
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "headcount needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+lint: install
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install $(KUBECTL)
+	HEADCOUNT_KUBECTL=$(abspath $(KUBECTL)) $(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+demo: install
+	$(BIN)/headcount demo
+
+bench: install
+	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/discovery.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
