@@ -1,0 +1,308 @@
+"""One typed, frozen settings tree for `headcount serve`, validated once at start.
+
+Each concern has its own dataclass; every field has a default and the reason
+for it. `add_serve_arguments` declares the CLI flags and `settings_from_args`
+turns them into `Settings`, raising `ConfigError` with a message a person can
+act on (the CLI prints it; no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from headcount.routing import RoutingName
+
+__all__ = [
+    "ConfigError",
+    "DiscoveryMode",
+    "DiscoverySettings",
+    "HealthSettings",
+    "LogFormat",
+    "ProbeSettings",
+    "ProxySettings",
+    "ServerSettings",
+    "Settings",
+    "add_serve_arguments",
+    "parse_duration",
+    "settings_from_args",
+]
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message says which and why."""
+
+
+class DiscoveryMode(enum.StrEnum):
+    STATIC = "static"
+    K8S_PODS = "k8s-pods"
+    K8S_SERVICES = "k8s-services"
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "0.0.0.0"
+    """All interfaces: in a pod the kubelet probes and the Service reach the pod IP."""
+    port: int = 8080
+    grpc_health_port: int | None = None
+    """Off by default; the standard grpc.health.v1 service for gRPC-probing platforms."""
+    log_format: LogFormat = LogFormat.TEXT
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    routing: RoutingName = RoutingName.ROUND_ROBIN
+    connect_timeout: float = 2.0
+    """Short: an engine that does not accept within 2 s is failed over, not waited on."""
+    read_timeout: float = 300.0
+    """Longest silence allowed between two bytes of an upstream response (long prefills)."""
+    max_failovers: int = 2
+    """Extra engines tried when one fails before its first response byte."""
+    max_body_size: int = 32 * 1024 * 1024
+    """Requests carry prompts and base64 images; 32 MiB bounds memory per request."""
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    interval: float = 5.0
+    """How often every engine's /v1/models and /metrics are read."""
+    timeout: float = 2.0
+    """Per probe request; a hung engine costs one timeout, never a stuck loop."""
+    concurrency: int = 64
+    """Probes in flight at once, so N unreachable engines cost about one timeout."""
+    unhealthy_after: int = 2
+    """Consecutive failed probes before a ready engine leaves rotation."""
+
+
+@dataclass(frozen=True)
+class DiscoverySettings:
+    mode: DiscoveryMode = DiscoveryMode.STATIC
+    backends: tuple[str, ...] = ()
+    kubeconfig: Path | None = None
+    """None: in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
+    namespace: str | None = None
+    """None: the pod's own namespace in-cluster, else the kubeconfig context's."""
+    label_selector: str = ""
+    engine_port: int = 8000
+    watch_idle_timeout: float = 90.0
+    """The API server sends a bookmark about once a minute; 90 s of silence means a dead stream."""
+    watch_timeout_min: float = 300.0
+    watch_timeout_max: float = 600.0
+    """Server-side watch timeout drawn in [min, max] (client-go: 5-10 min) so replicas do not
+    relist in lockstep."""
+    request_timeout: float = 30.0
+    """Client-side bound on one LIST (connect plus whole response)."""
+    connect_timeout: float = 5.0
+    backoff_initial: float = 0.8
+    backoff_max: float = 30.0
+    """Reconnect back-off bounds, as client-go's reflector."""
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    discovery_stale_after: float = 120.0
+    """Older discovery makes /health degraded (and /readyz fail with ready_requires_fresh)."""
+    discovery_dead_after: float = 300.0
+    """No list/watch attempt finished this long: the loop is wedged, /livez fails."""
+    ready_requires_engines: bool = False
+    """Off: a fleet scaled to zero keeps a ready router that answers a clear 503."""
+    ready_requires_fresh: bool = False
+    drain_delay: float = 5.0
+    """After SIGTERM, keep serving new requests while endpoint removal propagates."""
+    drain_timeout: float = 30.0
+    """Then wait this long at most for in-flight streams to finish."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    proxy: ProxySettings = field(default_factory=ProxySettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_FACTOR = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `1.5`, `1.5s`, `250ms`, `2m` or `1h`."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use seconds such as 2, 0.5, 250ms, 2m"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _parse_size(text: str) -> int:
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use bytes such as 1048576, 32MiB")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * _SIZE_FACTOR[unit]
+
+
+def _parse_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: use 0-65535")
+    return port
+
+
+def _split_backends(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every `headcount serve` flag (DESIGN.md §3 is the contract)."""
+    d = Settings()
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default=d.server.host)
+    server.add_argument("--port", type=_parse_port, default=d.server.port)
+    server.add_argument("--grpc-health-port", type=_parse_port, default=None)
+    server.add_argument("--log-format", choices=[f.value for f in LogFormat], default="text")
+    server.add_argument("--log-level", default=d.server.log_level)
+
+    discovery = parser.add_argument_group("discovery")
+    discovery.add_argument(
+        "--discovery", choices=[m.value for m in DiscoveryMode], default=d.discovery.mode.value
+    )
+    discovery.add_argument("--backends", type=_split_backends, default=(), help="URL,URL,...")
+    discovery.add_argument("--kubeconfig", type=Path, default=None)
+    discovery.add_argument("--namespace", default=None)
+    discovery.add_argument("--label-selector", default="")
+    discovery.add_argument("--engine-port", type=_parse_port, default=d.discovery.engine_port)
+    for flag, default in (
+        ("--watch-idle-timeout", d.discovery.watch_idle_timeout),
+        ("--watch-timeout-min", d.discovery.watch_timeout_min),
+        ("--watch-timeout-max", d.discovery.watch_timeout_max),
+        ("--api-request-timeout", d.discovery.request_timeout),
+        ("--api-connect-timeout", d.discovery.connect_timeout),
+        ("--backoff-initial", d.discovery.backoff_initial),
+        ("--backoff-max", d.discovery.backoff_max),
+    ):
+        discovery.add_argument(flag, type=parse_duration, default=default)
+
+    proxy = parser.add_argument_group("routing and proxy")
+    proxy.add_argument(
+        "--routing", choices=[r.value for r in RoutingName], default=d.proxy.routing.value
+    )
+    proxy.add_argument("--connect-timeout", type=parse_duration, default=d.proxy.connect_timeout)
+    proxy.add_argument("--read-timeout", type=parse_duration, default=d.proxy.read_timeout)
+    proxy.add_argument("--max-failovers", type=int, default=d.proxy.max_failovers)
+    proxy.add_argument("--max-body-size", type=_parse_size, default=d.proxy.max_body_size)
+
+    probe = parser.add_argument_group("engine probes")
+    probe.add_argument("--probe-interval", type=parse_duration, default=d.probe.interval)
+    probe.add_argument("--probe-timeout", type=parse_duration, default=d.probe.timeout)
+    probe.add_argument("--probe-concurrency", type=int, default=d.probe.concurrency)
+    probe.add_argument("--unhealthy-after", type=int, default=d.probe.unhealthy_after)
+
+    health = parser.add_argument_group("health and shutdown")
+    for flag, default in (
+        ("--discovery-stale-after", d.health.discovery_stale_after),
+        ("--discovery-dead-after", d.health.discovery_dead_after),
+        ("--drain-delay", d.health.drain_delay),
+        ("--drain-timeout", d.health.drain_timeout),
+    ):
+        health.add_argument(flag, type=parse_duration, default=default)
+    health.add_argument("--ready-requires-engines", action="store_true")
+    health.add_argument("--ready-requires-fresh", action="store_true")
+
+
+def settings_from_args(ns: argparse.Namespace) -> Settings:
+    """Build and validate `Settings`; raise `ConfigError` naming the bad flag."""
+    mode = DiscoveryMode(ns.discovery)
+    backends = tuple(ns.backends)
+    if mode is DiscoveryMode.STATIC:
+        if not backends:
+            raise ConfigError("--discovery static needs --backends URL[,URL...]")
+        for url in backends:
+            _check_backend_url(url)
+    elif backends:
+        raise ConfigError(f"--backends only applies to --discovery static, not {mode.value}")
+    if ns.kubeconfig is not None and not ns.kubeconfig.is_file():
+        raise ConfigError(f"--kubeconfig {ns.kubeconfig}: no such file")
+    if ns.watch_timeout_min > ns.watch_timeout_max:
+        raise ConfigError("--watch-timeout-min must not exceed --watch-timeout-max")
+    if ns.max_failovers < 0:
+        raise ConfigError("--max-failovers must be 0 or more")
+    if ns.probe_concurrency < 1 or ns.unhealthy_after < 1:
+        raise ConfigError("--probe-concurrency and --unhealthy-after must be at least 1")
+    for flag in ("connect_timeout", "read_timeout", "probe_interval", "probe_timeout"):
+        if getattr(ns, flag) <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
+    if ns.watch_idle_timeout <= 0:
+        raise ConfigError("--watch-idle-timeout must be positive")
+    return Settings(
+        server=ServerSettings(
+            host=ns.host,
+            port=ns.port,
+            grpc_health_port=ns.grpc_health_port,
+            log_format=LogFormat(ns.log_format),
+            log_level=ns.log_level.upper(),
+        ),
+        proxy=ProxySettings(
+            routing=RoutingName(ns.routing),
+            connect_timeout=ns.connect_timeout,
+            read_timeout=ns.read_timeout,
+            max_failovers=ns.max_failovers,
+            max_body_size=ns.max_body_size,
+        ),
+        probe=ProbeSettings(
+            interval=ns.probe_interval,
+            timeout=ns.probe_timeout,
+            concurrency=ns.probe_concurrency,
+            unhealthy_after=ns.unhealthy_after,
+        ),
+        discovery=DiscoverySettings(
+            mode=mode,
+            backends=tuple(url.rstrip("/") for url in backends),
+            kubeconfig=ns.kubeconfig,
+            namespace=ns.namespace,
+            label_selector=ns.label_selector,
+            engine_port=ns.engine_port,
+            watch_idle_timeout=ns.watch_idle_timeout,
+            watch_timeout_min=ns.watch_timeout_min,
+            watch_timeout_max=ns.watch_timeout_max,
+            request_timeout=ns.api_request_timeout,
+            connect_timeout=ns.api_connect_timeout,
+            backoff_initial=ns.backoff_initial,
+            backoff_max=ns.backoff_max,
+        ),
+        health=HealthSettings(
+            discovery_stale_after=ns.discovery_stale_after,
+            discovery_dead_after=ns.discovery_dead_after,
+            ready_requires_engines=ns.ready_requires_engines,
+            ready_requires_fresh=ns.ready_requires_fresh,
+            drain_delay=ns.drain_delay,
+            drain_timeout=ns.drain_timeout,
+        ),
+    )
+
+
+def _check_backend_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ConfigError(f"--backends {url!r}: expected http://host:port (plain HTTP)")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"--backends {url!r}: {exc}") from None

@@ -1,0 +1,348 @@
+"""The engine set the router believes in: one owner, immutable snapshots for readers.
+
+Discovery tells the fleet which engines exist (`reconcile`, `upsert`, `remove`),
+the prober tells it how they are (`apply_probe`), the proxy reports connect
+failures (`eject`). Readers (routing, `/v1/models`, `/engines`, health, metrics)
+take `fleet.snapshot`, an immutable view whose indexes are built once; writers
+mark it stale and the next reader rebuilds it, so a burst of watch events costs
+one rebuild. Removing an engine drops every piece of per-engine state with it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = [
+    "Engine",
+    "EngineLoad",
+    "EngineSpec",
+    "EngineState",
+    "Fleet",
+    "FleetChange",
+    "ProbeResult",
+    "Snapshot",
+]
+
+
+class EngineState(enum.StrEnum):
+    """Where an engine stands; only READY engines are routed to."""
+
+    PENDING = "pending"
+    """Discovered, not probed yet: its served models are unknown."""
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    """Probes fail, or the proxy could not connect to it (ejected until a probe succeeds)."""
+    SLEEPING = "sleeping"
+    """Labelled `sleeping=true`: known, probed, never routed."""
+    NOT_READY = "not_ready"
+    """Its source says it is not ready (a Service with no ready endpoint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What discovery knows about an engine: identity, address and the metadata it reads."""
+
+    id: str
+    """Stable identity: the pod or Service UID, or the URL for a static engine."""
+    name: str
+    """Human-readable name (pod name, Service name, URL); the `engine` metric label."""
+    url: str
+    source: str
+    """Which discovery source owns it; `reconcile` replaces one source's engines."""
+    model_label: str | None = None
+    sleeping: bool = False
+    ready: bool = True
+    lora_revision: str | None = None
+    """The `lora-modified` annotation: a new value means adapters changed."""
+    object_ref: str | None = None
+    resource_version: str | None = None
+
+    def probe_key(self) -> tuple[object, ...]:
+        """The fields whose change requires a re-probe; other changes are bookkeeping."""
+        return (self.url, self.ready, self.model_label, self.sleeping, self.lora_revision)
+
+
+@dataclass(slots=True)
+class EngineLoad:
+    """Hot-path counters, mutated in place by the proxy; released in `finally`, never reset."""
+
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One probe of an engine: its `/v1/models` entries and scraped load, or why it failed."""
+
+    ok: bool
+    cards: tuple[Mapping[str, Any], ...] = ()
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """An engine as readers see it in one snapshot."""
+
+    spec: EngineSpec
+    load: EngineLoad
+    state: EngineState = EngineState.PENDING
+    cards: tuple[Mapping[str, Any], ...] = ()
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float | None = None
+    probe_failures: int = 0
+    last_probe: float | None = None
+    last_error: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """Model ids this engine answers to: base models and LoRA adapters."""
+        return tuple(str(card["id"]) for card in self.cards)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(str(card["id"]) for card in self.cards if not card.get("parent"))
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(str(card["id"]) for card in self.cards if card.get("parent"))
+
+    @property
+    def routable(self) -> bool:
+        return self.state is EngineState.READY
+
+
+class Snapshot:
+    """An immutable view of the fleet, with its indexes built once."""
+
+    __slots__ = ("_by_model", "_known_models", "by_id", "engines", "version")
+
+    def __init__(self, engines: Iterable[Engine], version: int) -> None:
+        self.engines: tuple[Engine, ...] = tuple(sorted(engines, key=lambda e: e.spec.name))
+        self.version = version
+        self.by_id: Mapping[str, Engine] = {engine.id: engine for engine in self.engines}
+        by_model: dict[str, list[Engine]] = {}
+        known: set[str] = set()
+        for engine in self.engines:
+            served = engine.served
+            known.update(served)
+            if engine.spec.model_label:
+                known.add(engine.spec.model_label)
+            if engine.routable:
+                for model in served:
+                    by_model.setdefault(model, []).append(engine)
+        self._by_model: Mapping[str, tuple[Engine, ...]] = {
+            model: tuple(group) for model, group in by_model.items()
+        }
+        self._known_models = frozenset(known)
+
+    def candidates(self, model: str) -> tuple[Engine, ...]:
+        """Routable engines that serve `model` (a base model or an adapter)."""
+        return self._by_model.get(model, ())
+
+    def is_known(self, model: str) -> bool:
+        """Whether any engine, routable or not, serves or is labelled with `model`."""
+        return model in self._known_models
+
+    @property
+    def routable(self) -> tuple[Engine, ...]:
+        return tuple(engine for engine in self.engines if engine.routable)
+
+    def model_cards(self) -> list[Mapping[str, Any]]:
+        """The union of `/v1/models` entries over routable engines, one per model id."""
+        cards: dict[str, Mapping[str, Any]] = {}
+        for engine in self.engines:
+            if engine.routable:
+                for card in engine.cards:
+                    cards.setdefault(str(card["id"]), card)
+        return [cards[model] for model in sorted(cards)]
+
+    def count_by_state(self) -> dict[EngineState, int]:
+        counts = dict.fromkeys(EngineState, 0)
+        for engine in self.engines:
+            counts[engine.state] += 1
+        return counts
+
+
+@dataclass(frozen=True, slots=True)
+class FleetChange:
+    """What one write did; the prober probes `to_probe` at once."""
+
+    added: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    unchanged: int = 0
+
+    @property
+    def to_probe(self) -> tuple[str, ...]:
+        return self.added + self.changed
+
+
+FleetListener = Callable[[FleetChange], None]
+
+
+class Fleet:
+    """Owns engine state; every write goes through here, every read through `snapshot`."""
+
+    def __init__(
+        self, *, unhealthy_after: int = 2, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`unhealthy_after`: consecutive failed probes before a READY engine leaves rotation."""
+        self._engines: dict[str, Engine] = {}
+        self._unhealthy_after = unhealthy_after
+        self._clock = clock
+        self._listeners: list[FleetListener] = []
+        self._version = 0
+        self._snapshot = Snapshot((), 0)
+        self._stale = False
+
+    @property
+    def snapshot(self) -> Snapshot:
+        if self._stale:
+            self._snapshot = Snapshot(self._engines.values(), self._version)
+            self._stale = False
+        return self._snapshot
+
+    def subscribe(self, listener: FleetListener) -> None:
+        self._listeners.append(listener)
+
+    def reconcile(self, source: str, specs: Iterable[EngineSpec]) -> FleetChange:
+        """Make `source`'s engines exactly `specs`: add new, re-probe changed, remove gone."""
+        wanted = {spec.id: spec for spec in specs}
+        removed = tuple(
+            engine_id
+            for engine_id, engine in self._engines.items()
+            if engine.spec.source == source and engine_id not in wanted
+        )
+        for engine_id in removed:
+            del self._engines[engine_id]
+        added: list[str] = []
+        changed: list[str] = []
+        unchanged = 0
+        for spec in wanted.values():
+            outcome = self._put(spec)
+            if outcome == "added":
+                added.append(spec.id)
+            elif outcome == "changed":
+                changed.append(spec.id)
+            else:
+                unchanged += 1
+        return self._publish(FleetChange(tuple(added), tuple(changed), removed, unchanged))
+
+    def upsert(self, spec: EngineSpec) -> FleetChange:
+        """Add or update one engine (a watch ADDED/MODIFIED event)."""
+        outcome = self._put(spec)
+        if outcome == "added":
+            return self._publish(FleetChange(added=(spec.id,)))
+        if outcome == "changed":
+            return self._publish(FleetChange(changed=(spec.id,)))
+        return FleetChange(unchanged=1)
+
+    def remove(self, engine_id: str) -> FleetChange:
+        """Forget one engine and all its state (a watch DELETED event)."""
+        if self._engines.pop(engine_id, None) is None:
+            return FleetChange()
+        return self._publish(FleetChange(removed=(engine_id,)))
+
+    def source_ids(self, source: str) -> frozenset[str]:
+        return frozenset(e.id for e in self._engines.values() if e.spec.source == source)
+
+    def apply_probe(self, engine_id: str, result: ProbeResult) -> None:
+        """Record a probe; ignored if the engine was removed while it was being probed."""
+        engine = self._engines.get(engine_id)
+        if engine is None:
+            return
+        now = self._clock()
+        if result.ok:
+            updated = replace(
+                engine,
+                state=_healthy_state(engine.spec),
+                cards=result.cards,
+                running=result.running,
+                waiting=result.waiting,
+                kv_usage=result.kv_usage,
+                probe_failures=0,
+                last_probe=now,
+                last_error=None,
+            )
+        else:
+            failures = engine.probe_failures + 1
+            state = engine.state
+            if engine.state is EngineState.PENDING or failures >= self._unhealthy_after:
+                state = EngineState.UNHEALTHY
+            updated = replace(
+                engine,
+                state=state,
+                probe_failures=failures,
+                last_probe=now,
+                last_error=result.error,
+            )
+        self._store(updated)
+
+    def eject(self, engine_id: str, reason: str) -> None:
+        """Take an engine out of rotation until its next successful probe (passive health)."""
+        engine = self._engines.get(engine_id)
+        if engine is not None and engine.state is EngineState.READY:
+            self._store(replace(engine, state=EngineState.UNHEALTHY, last_error=reason))
+
+    def _put(self, spec: EngineSpec) -> str:
+        current = self._engines.get(spec.id)
+        if current is None:
+            state = EngineState.PENDING if spec.ready else EngineState.NOT_READY
+            self._store(Engine(spec=spec, load=EngineLoad(), state=state))
+            return "added"
+        if current.spec == spec:
+            return "unchanged"
+        if current.spec.probe_key() == spec.probe_key():
+            self._store(replace(current, spec=spec))
+            return "unchanged"
+        self._store(replace(current, spec=spec, state=_state_after_change(current, spec)))
+        return "changed"
+
+    def _store(self, engine: Engine) -> None:
+        self._engines[engine.id] = engine
+        self._version += 1
+        self._stale = True
+
+    def _publish(self, change: FleetChange) -> FleetChange:
+        if change.removed:
+            self._version += 1
+            self._stale = True
+        for listener in self._listeners:
+            listener(change)
+        return change
+
+
+def _state_after_change(current: Engine, spec: EngineSpec) -> EngineState:
+    """A changed engine keeps serving on what it last proved, unless its address moved."""
+    if not spec.ready:
+        return EngineState.NOT_READY
+    if spec.url != current.spec.url:
+        return EngineState.PENDING
+    if current.state in (EngineState.READY, EngineState.SLEEPING):
+        return _healthy_state(spec)
+    return current.state if current.state is not EngineState.NOT_READY else EngineState.PENDING
+
+
+def _healthy_state(spec: EngineSpec) -> EngineState:
+    if not spec.ready:
+        return EngineState.NOT_READY
+    if spec.sleeping:
+        return EngineState.SLEEPING
+    return EngineState.READY
