@@ -1,0 +1,158 @@
+"""The router's own endpoints: `/v1/models`, `/engines`, `/livez`, `/readyz`, `/health`, `/metrics`.
+
+None of them is on the hot path. Each answer is computed from one fleet
+snapshot and the sources' freshness, at the time of the request: `/v1/models`
+lists only what routable engines serve, and health is never green from the
+router's own state alone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from headcount.config import HealthSettings
+from headcount.discovery.source import SourceStatus
+from headcount.fleet import Engine, Fleet
+from headcount.health import Check, HealthReport, evaluate, render_checks
+from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from headcount.metrics import Metrics
+
+__all__ = ["AdminApp", "AdminResponse"]
+
+_JSON = "application/json"
+_TEXT = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class AdminResponse:
+    status: int
+    content_type: str
+    body: bytes
+
+
+def _json(status: int, document: object) -> AdminResponse:
+    return AdminResponse(status, _JSON, json.dumps(document, indent=None).encode())
+
+
+def _not_found(path: str) -> AdminResponse:
+    return _json(
+        404,
+        {
+            "error": {
+                "message": f"no route for {path}",
+                "type": "invalid_request_error",
+                "code": 404,
+            }
+        },
+    )
+
+
+class AdminApp:
+    """Answers the control-plane GETs; `handle(method, path, query)` is the whole interface."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        metrics: Metrics,
+        sources: Sequence[SourceStatus],
+        settings: HealthSettings,
+        *,
+        dead_sources: Callable[[], Collection[str]],
+        shutting_down: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fleet = fleet
+        self._metrics = metrics
+        self._sources = sources
+        self._settings = settings
+        self._dead_sources = dead_sources
+        self._shutting_down = shutting_down
+        self._clock = clock
+        self._started = clock()
+
+    def report(self) -> HealthReport:
+        return evaluate(
+            self._sources,
+            self._fleet.snapshot,
+            self._settings,
+            now=self._clock(),
+            started=self._started,
+            dead_sources=self._dead_sources(),
+            shutting_down=self._shutting_down(),
+        )
+
+    async def handle(self, method: str, path: str, query: str) -> AdminResponse:
+        if method not in ("GET", "HEAD"):
+            return _json(
+                405,
+                {
+                    "error": {
+                        "message": f"{method} not allowed on {path}",
+                        "type": "invalid_request_error",
+                        "code": 405,
+                    }
+                },
+            )
+        if path == "/v1/models":
+            return self._models()
+        if path == "/engines":
+            return _json(200, {"engines": [_engine_json(e) for e in self._fleet.snapshot.engines]})
+        if path == "/metrics":
+            return AdminResponse(200, METRICS_CONTENT_TYPE, await self._metrics.render())
+        if path == "/health":
+            report = self.report()
+            return _json(503 if report.status == "unavailable" else 200, report.body)
+        for title in ("livez", "readyz"):
+            if path == f"/{title}" or path.startswith(f"/{title}/"):
+                report = self.report()
+                return _checks(
+                    title, report.live if title == "livez" else report.ready, path, query
+                )
+        return _not_found(path)
+
+    def _models(self) -> AdminResponse:
+        cards = [dict(card) for card in self._fleet.snapshot.model_cards()]
+        for card in cards:
+            card.setdefault("object", "model")
+            card.setdefault("owned_by", "headcount")
+        return _json(200, {"object": "list", "data": cards})
+
+
+def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> AdminResponse:
+    """`/livez`, `/readyz`, or one sub-check (`/readyz/synced`); `?verbose` lists each check."""
+    name = path[len(title) + 2 :]
+    if name:
+        checks = [check for check in checks if check.name == name]
+        if not checks:
+            return _not_found(path)
+    verbose = any(part.split("=")[0] == "verbose" for part in query.split("&"))
+    status, text = render_checks(title, checks, verbose=verbose)
+    return AdminResponse(status, _TEXT, text.encode())
+
+
+def _engine_json(engine: Engine) -> dict[str, Any]:
+    spec = engine.spec
+    return {
+        "id": spec.id,
+        "name": spec.name,
+        "url": spec.url,
+        "state": engine.state.value,
+        "models": list(engine.models),
+        "adapters": list(engine.adapters),
+        "in_flight": engine.load.in_flight,
+        "requests": engine.load.requests,
+        "failures": engine.load.failures,
+        "running": engine.running,
+        "waiting": engine.waiting,
+        "kv_cache_usage": engine.kv_usage,
+        "source": spec.source,
+        "object": spec.object_ref,
+        "resource_version": spec.resource_version,
+        "model_label": spec.model_label,
+        "sleeping": spec.sleeping,
+        "last_error": engine.last_error,
+    }

@@ -1,0 +1,1 @@
+"""Discovery: where engines come from (a static list, Kubernetes pods, Kubernetes Services)."""

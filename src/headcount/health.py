@@ -1,0 +1,175 @@
+"""Health that tells the truth: liveness, readiness and status from discovery's freshness.
+
+Everything here is a pure function of the sources' `SourceStatus`, the fleet
+snapshot, the settings and the time. Liveness fails only when a discovery loop
+is wedged or dead (a restart fixes that; it does not fix an unreachable API
+server, so API errors alone never fail it). Readiness fails before the first
+sync and during shutdown, and optionally without routable engines or fresh
+discovery. `/health` says ok, degraded (stale) or unavailable, never ok from
+the router's own state alone.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from headcount.config import HealthSettings
+from headcount.discovery.source import SourceStatus
+from headcount.fleet import Snapshot
+
+__all__ = [
+    "Check",
+    "HealthReport",
+    "Status",
+    "evaluate",
+    "render_checks",
+]
+
+
+class Status(enum.StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    status: Status
+    live: tuple[Check, ...]
+    ready: tuple[Check, ...]
+    body: Mapping[str, Any]
+    """The `/health` JSON document."""
+
+    @property
+    def is_live(self) -> bool:
+        return all(check.ok for check in self.live)
+
+    @property
+    def is_ready(self) -> bool:
+        return all(check.ok for check in self.ready)
+
+
+def evaluate(
+    sources: Sequence[SourceStatus],
+    snapshot: Snapshot,
+    settings: HealthSettings,
+    *,
+    now: float,
+    started: float,
+    dead_sources: Collection[str] = (),
+    shutting_down: bool = False,
+) -> HealthReport:
+    """Judge the router's health at `now` (same clock as the statuses; `started` = boot)."""
+    live = tuple(_liveness(source, settings, now, started, dead_sources) for source in sources)
+    routable = len(snapshot.routable)
+    stale = [
+        s.name
+        for s in sources
+        if s.needs_api and _age(s.last_success, now) > settings.discovery_stale_after
+    ]
+    unsynced = [s.name for s in sources if not s.synced]
+
+    ready = [
+        Check(
+            "synced",
+            not unsynced,
+            f"first sync not done: {', '.join(unsynced)}" if unsynced else "",
+        ),
+        Check("shutdown", not shutting_down, "shutting down" if shutting_down else ""),
+    ]
+    if settings.ready_requires_engines:
+        ready.append(Check("engines", routable > 0, "" if routable else "no routable engine"))
+    if settings.ready_requires_fresh:
+        reason = f"discovery stale: {', '.join(stale)}" if stale else ""
+        ready.append(Check("fresh", not stale, reason))
+
+    if unsynced or not all(check.ok for check in live) or routable == 0 or shutting_down:
+        status = Status.UNAVAILABLE
+    elif stale:
+        status = Status.DEGRADED
+    else:
+        status = Status.OK
+
+    counts = snapshot.count_by_state()
+    body = {
+        "status": status.value,
+        "reasons": [c.reason for c in (*live, *ready) if not c.ok]
+        + ([f"discovery stale: {', '.join(stale)}"] if stale else [])
+        + (["no routable engine"] if routable == 0 else []),
+        "engines": {"routable": routable, **{state.value: n for state, n in counts.items()}},
+        "sources": [_describe_source(s, now) for s in sources],
+    }
+    return HealthReport(status, live, tuple(ready), body)
+
+
+def _liveness(
+    source: SourceStatus,
+    settings: HealthSettings,
+    now: float,
+    started: float,
+    dead_sources: Collection[str],
+) -> Check:
+    name = f"discovery:{source.name}"
+    if source.name in dead_sources:
+        return Check(name, False, f"discovery loop {source.name} has stopped")
+    if not source.needs_api:
+        return Check(name, True)
+    progress = max(
+        t for t in (started, source.last_attempt_finished, source.last_event) if t is not None
+    )
+    idle = now - progress
+    if idle > settings.discovery_dead_after:
+        return Check(
+            name,
+            False,
+            f"discovery loop {source.name} made no progress for {idle:.0f}s "
+            f"(bound {settings.discovery_dead_after:g}s)",
+        )
+    return Check(name, True)
+
+
+def _age(then: float | None, now: float) -> float:
+    return float("inf") if then is None else now - then
+
+
+def _rounded_age(then: float | None, now: float) -> float | None:
+    return None if then is None else round(now - then, 3)
+
+
+def _describe_source(source: SourceStatus, now: float) -> dict[str, Any]:
+    return {
+        "name": source.name,
+        "kind": source.kind,
+        "synced": source.synced,
+        "watch_connected": source.watch_connected,
+        "last_list_age_seconds": _rounded_age(source.last_list_success, now),
+        "last_event_age_seconds": _rounded_age(source.last_event, now),
+        "last_attempt_age_seconds": _rounded_age(source.last_attempt_finished, now),
+        "relists": dict(source.relists),
+        "removed_by_relist": source.removed_by_relist,
+        "resource_version": source.resource_version,
+        "last_error": source.last_error,
+    }
+
+
+def render_checks(title: str, checks: Sequence[Check], *, verbose: bool) -> tuple[int, str]:
+    """The Kubernetes-style text answer of `/livez` or `/readyz`: status code and body."""
+    ok = all(check.ok for check in checks)
+    if not verbose and ok:
+        return 200, "ok\n"
+    lines = [
+        f"[+]{check.name} ok" if check.ok else f"[-]{check.name} failed: {check.reason}"
+        for check in checks
+    ]
+    lines.append(f"{title} check passed" if ok else f"{title} check failed")
+    return (200 if ok else 503), "\n".join(lines) + "\n"
