@@ -1,0 +1,81 @@
+"""Settings are validated once, with messages that name the flag."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from headcount.config import (
+    ConfigError,
+    DiscoveryMode,
+    add_serve_arguments,
+    parse_duration,
+    settings_from_args,
+)
+from headcount.routing import RoutingName
+
+
+def parse(*argv: str):  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return settings_from_args(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("2", 2.0), ("0.5", 0.5), (".25", 0.25), ("250ms", 0.25), ("1.5s", 1.5), ("2m", 120.0)],
+)
+def test_durations_accept_fractional_seconds_and_units(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-1", "1d", "1.2.3"])
+def test_bad_durations_are_rejected(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration(text)
+
+
+def test_static_mode_needs_backends() -> None:
+    with pytest.raises(ConfigError, match="--backends"):
+        parse("--discovery", "static")
+
+
+def test_backend_urls_must_be_http_host_port() -> None:
+    with pytest.raises(ConfigError, match="ftp://x"):
+        parse("--backends", "ftp://x")
+    with pytest.raises(ConfigError, match="(?i)port out of range"):
+        parse("--backends", "http://h:99999")
+
+
+def test_full_command_line_builds_typed_settings() -> None:
+    settings = parse(
+        "--backends",
+        "http://127.0.0.1:1/, http://127.0.0.1:2",
+        "--routing",
+        "least-loaded",
+        "--connect-timeout",
+        "0.5",
+        "--max-body-size",
+        "1MiB",
+        "--discovery-stale-after",
+        "1m",
+    )
+    assert settings.discovery.mode is DiscoveryMode.STATIC
+    assert settings.discovery.backends == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert settings.proxy.routing is RoutingName.LEAST_LOADED
+    assert settings.proxy.connect_timeout == 0.5
+    assert settings.proxy.max_body_size == 1024 * 1024
+    assert settings.health.discovery_stale_after == 60.0
+
+
+def test_kubernetes_mode_rejects_backends_and_missing_kubeconfig(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="only applies"):
+        parse("--discovery", "k8s-pods", "--backends", "http://a:1")
+    with pytest.raises(ConfigError, match="no such file"):
+        parse("--discovery", "k8s-pods", "--kubeconfig", str(tmp_path / "missing"))
+
+
+def test_watch_timeout_bounds_are_ordered() -> None:
+    with pytest.raises(ConfigError, match="watch-timeout-min"):
+        parse("--discovery", "k8s-pods", "--watch-timeout-min", "10", "--watch-timeout-max", "5")
