@@ -44,7 +44,7 @@ def test_static_mode_needs_backends() -> None:
 def test_backend_urls_must_be_http_host_port() -> None:
     with pytest.raises(ConfigError, match="ftp://x"):
         parse("--backends", "ftp://x")
-    with pytest.raises(ConfigError, match="(?i)port out of range"):
+    with pytest.raises(ConfigError, match=r"(?i)port out of range"):
         parse("--backends", "http://h:99999")
 
 
