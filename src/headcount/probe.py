@@ -65,8 +65,9 @@ def parse_vllm_load(text: str) -> tuple[float, float, float | None]:
         name = line[:name_end]
         if name not in _WANTED:
             continue
+        rest = line[line.find("}", name_end) + 1 :] if line[name_end] == "{" else line[name_end:]
         try:
-            value = float(line.rsplit("}", 1)[-1].split()[0])
+            value = float(rest.split()[0])
         except (ValueError, IndexError):
             continue
         sums[name] = sums.get(name, 0.0) + value
