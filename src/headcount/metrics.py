@@ -11,31 +11,36 @@ text is rendered in a worker thread so a scrape never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
 
-__all__ = ["CONTENT_TYPE", "Collector", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
-class Collector(Protocol):
+class _Collector(Protocol):
     def collect(self) -> Iterable[Metric]: ...
 
 
 class Metrics:
     """The router's metrics; one instance per process."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self, snapshot: Callable[[], Snapshot], sources: Sequence[SourceStatus] = ()
+    ) -> None:
         self._snapshot = snapshot
+        self._sources = sources
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "headcount_requests",
@@ -64,11 +69,6 @@ class Metrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram, Histogram]] = {}
-        self._extra: list[Collector] = []
-
-    def add_collector(self, collector: Collector) -> None:
-        """Register a scrape-time collector (discovery sources add theirs)."""
-        self._extra.append(collector)
 
     def request_done(self, model: str, code: int, duration: float, ttfb: float | None) -> None:
         children = self._children.get((model, code))
@@ -93,17 +93,17 @@ class Metrics:
 
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""
-        state = _FleetCollector(self._snapshot())
-        sources: list[Collector] = [self.registry, state, *self._extra]
-        return await asyncio.to_thread(_render, sources)
+        fleet = _FleetCollector(self._snapshot())
+        discovery = _DiscoveryCollector([_SourceSample.of(s) for s in self._sources])
+        return await asyncio.to_thread(_render, [self.registry, fleet, discovery])
 
 
-def _render(sources: list[Collector]) -> bytes:
+def _render(sources: list[_Collector]) -> bytes:
     return generate_latest(_Union(sources))
 
 
 class _Union:
-    def __init__(self, sources: list[Collector]) -> None:
+    def __init__(self, sources: list[_Collector]) -> None:
         self._sources = sources
 
     def collect(self) -> Iterator[Metric]:
@@ -130,3 +130,62 @@ class _FleetCollector:
         for engine in self._snapshot.engines:
             in_flight.add_metric([engine.spec.name], engine.load.in_flight)
         yield in_flight
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceSample:
+    """A copy of one source's status, taken on the event loop for the render thread."""
+
+    name: str
+    wall_last_sync: float | None
+    watch_connected: bool
+    relists: tuple[tuple[str, int], ...]
+    removed_by_relist: int
+    needs_api: bool
+
+    @classmethod
+    def of(cls, status: SourceStatus) -> _SourceSample:
+        return cls(
+            status.name,
+            status.wall_last_sync,
+            status.watch_connected,
+            tuple(status.relists.items()),
+            status.removed_by_relist,
+            status.needs_api,
+        )
+
+
+class _DiscoveryCollector:
+    def __init__(self, samples: list[_SourceSample]) -> None:
+        self._samples = samples
+
+    def collect(self) -> Iterator[Metric]:
+        last_sync = GaugeMetricFamily(
+            "headcount_discovery_last_sync_timestamp_seconds",
+            "Unix time of the last successful LIST or watch event, per source.",
+            labels=["source"],
+        )
+        connected = GaugeMetricFamily(
+            "headcount_discovery_watch_connected",
+            "1 while the source's watch stream is open.",
+            labels=["source"],
+        )
+        relists = CounterMetricFamily(
+            "headcount_discovery_relists",
+            "Full re-lists, by source and reason.",
+            labels=["source", "reason"],
+        )
+        removed = CounterMetricFamily(
+            "headcount_discovery_reconcile_removed",
+            "Engines removed by a re-list: each is a deletion the watch missed.",
+            labels=["source"],
+        )
+        for sample in self._samples:
+            if sample.wall_last_sync is not None:
+                last_sync.add_metric([sample.name], sample.wall_last_sync)
+            if sample.needs_api:
+                connected.add_metric([sample.name], 1.0 if sample.watch_connected else 0.0)
+            for reason, count in sample.relists:
+                relists.add_metric([sample.name, reason], count)
+            removed.add_metric([sample.name], sample.removed_by_relist)
+        yield from (last_sync, connected, relists, removed)
