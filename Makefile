@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: install test lint typecheck pytest demo bench clean
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
+PROMTOOL := .cache/prometheus/usr/bin/promtool
 
 install: $(STAMP)
 
@@ -18,6 +19,14 @@ $(KUBECTL):
 	dpkg-deb -x .cache/kubectl/kubernetes-client_*.deb .cache/kubectl
 	rm -f .cache/kubectl/*.deb
 	test -x $(KUBECTL)
+
+# promtool (Debian package prometheus) checks and unit-tests the alerting rules.
+$(PROMTOOL):
+	mkdir -p .cache/prometheus
+	cd .cache/prometheus && (apt-get download prometheus || (apt-get update -qq && apt-get download prometheus))
+	dpkg-deb -x .cache/prometheus/prometheus_*.deb .cache/prometheus
+	rm -f .cache/prometheus/*.deb
+	test -x $(PROMTOOL)
 
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "headcount needs Python 3.11+"'
@@ -33,8 +42,9 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install $(KUBECTL)
-	HEADCOUNT_KUBECTL=$(abspath $(KUBECTL)) $(BIN)/python -m pytest -q
+pytest: install $(KUBECTL) $(PROMTOOL)
+	HEADCOUNT_KUBECTL=$(abspath $(KUBECTL)) HEADCOUNT_PROMTOOL=$(abspath $(PROMTOOL)) \
+		$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
 
