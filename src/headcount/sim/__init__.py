@@ -1,0 +1,3 @@
+"""Simulators that stand in for what these machines cannot run: inference engines, Kubernetes."""
+
+__all__: list[str] = []
