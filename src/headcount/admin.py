@@ -8,10 +8,8 @@ router's own state alone.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from headcount.config import HealthSettings
@@ -20,26 +18,15 @@ from headcount.fleet import Engine, Fleet
 from headcount.health import Check, HealthReport, evaluate, render_checks
 from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.metrics import Metrics
+from headcount.proxy import LocalRequest, LocalResponse
 
-__all__ = ["AdminApp", "AdminResponse"]
+__all__ = ["AdminApp"]
 
-_JSON = "application/json"
 _TEXT = "text/plain; charset=utf-8"
 
 
-@dataclass(frozen=True, slots=True)
-class AdminResponse:
-    status: int
-    content_type: str
-    body: bytes
-
-
-def _json(status: int, document: object) -> AdminResponse:
-    return AdminResponse(status, _JSON, json.dumps(document, indent=None).encode())
-
-
-def _not_found(path: str) -> AdminResponse:
-    return _json(
+def _not_found(path: str) -> LocalResponse:
+    return LocalResponse.json(
         404,
         {
             "error": {
@@ -52,7 +39,7 @@ def _not_found(path: str) -> AdminResponse:
 
 
 class AdminApp:
-    """Answers the control-plane GETs; `handle(method, path, query)` is the whole interface."""
+    """Answers the control-plane GETs; `handle` is the proxy's `LocalHandler`."""
 
     def __init__(
         self,
@@ -85,9 +72,10 @@ class AdminApp:
             shutting_down=self._shutting_down(),
         )
 
-    async def handle(self, method: str, path: str, query: str) -> AdminResponse:
+    async def handle(self, request: LocalRequest) -> LocalResponse:
+        method, path, query = request.method, request.path, request.query
         if method not in ("GET", "HEAD"):
-            return _json(
+            return LocalResponse.json(
                 405,
                 {
                     "error": {
@@ -100,12 +88,14 @@ class AdminApp:
         if path == "/v1/models":
             return self._models()
         if path == "/engines":
-            return _json(200, {"engines": [_engine_json(e) for e in self._fleet.snapshot.engines]})
+            return LocalResponse.json(
+                200, {"engines": [_engine_json(e) for e in self._fleet.snapshot.engines]}
+            )
         if path == "/metrics":
-            return AdminResponse(200, METRICS_CONTENT_TYPE, await self._metrics.render())
+            return LocalResponse(200, await self._metrics.render(), METRICS_CONTENT_TYPE)
         if path == "/health":
             report = self.report()
-            return _json(503 if report.status == "unavailable" else 200, report.body)
+            return LocalResponse.json(503 if report.status == "unavailable" else 200, report.body)
         for title in ("livez", "readyz"):
             if path == f"/{title}" or path.startswith(f"/{title}/"):
                 report = self.report()
@@ -114,15 +104,15 @@ class AdminApp:
                 )
         return _not_found(path)
 
-    def _models(self) -> AdminResponse:
+    def _models(self) -> LocalResponse:
         cards = [dict(card) for card in self._fleet.snapshot.model_cards()]
         for card in cards:
             card.setdefault("object", "model")
             card.setdefault("owned_by", "headcount")
-        return _json(200, {"object": "list", "data": cards})
+        return LocalResponse.json(200, {"object": "list", "data": cards})
 
 
-def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> AdminResponse:
+def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> LocalResponse:
     """`/livez`, `/readyz`, or one sub-check (`/readyz/synced`); `?verbose` lists each check."""
     name = path[len(title) + 2 :]
     if name:
@@ -131,7 +121,7 @@ def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> Admin
             return _not_found(path)
     verbose = any(part.split("=")[0] == "verbose" for part in query.split("&"))
     status, text = render_checks(title, checks, verbose=verbose)
-    return AdminResponse(status, _TEXT, text.encode())
+    return LocalResponse(status, text.encode(), _TEXT)
 
 
 def _engine_json(engine: Engine) -> dict[str, Any]:

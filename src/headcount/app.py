@@ -1,0 +1,147 @@
+"""Wiring: builds the fleet, discovery, prober, proxy and health from `Settings`, and runs them.
+
+Nothing here decides anything; it starts the pieces, watches that the discovery
+loops stay alive (a dead loop fails `/livez` and is logged), and runs the
+shutdown sequence: on SIGTERM readiness fails at once, new requests are still
+served for `drain_delay`, then the listener closes and in-flight requests get
+up to `drain_timeout` to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+
+from headcount.admin import AdminApp
+from headcount.config import DiscoveryMode, Settings
+from headcount.discovery.source import DiscoverySource
+from headcount.discovery.static import StaticSource
+from headcount.fleet import Fleet
+from headcount.grpc_health import GrpcHealthServer
+from headcount.metrics import Metrics
+from headcount.probe import Prober
+from headcount.proxy import Proxy, start_server
+from headcount.routing import make_policy
+
+__all__ = ["Router", "build_sources", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class Router:
+    """One router process: its fleet, its discovery sources, its servers."""
+
+    def __init__(
+        self, settings: Settings, fleet: Fleet, sources: Sequence[DiscoverySource]
+    ) -> None:
+        self.settings = settings
+        self.fleet = fleet
+        self.sources = list(sources)
+        self.metrics = Metrics(lambda: fleet.snapshot, [source.status for source in self.sources])
+        self.prober = Prober(self.fleet, settings.probe)
+        self.shutting_down = False
+        self._source_tasks: dict[str, asyncio.Task[None]] = {}
+        self.admin = AdminApp(
+            self.fleet,
+            self.metrics,
+            [source.status for source in self.sources],
+            settings.health,
+            dead_sources=self._dead_sources,
+            shutting_down=lambda: self.shutting_down,
+        )
+        self.proxy = Proxy(
+            self.fleet,
+            make_policy(settings.proxy.routing),
+            settings.proxy,
+            self.metrics,
+            self.admin.handle,
+        )
+
+    def _dead_sources(self) -> set[str]:
+        return {name for name, task in self._source_tasks.items() if task.done()}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, then drain and return."""
+        server_settings = self.settings.server
+        for source in self.sources:
+            task = asyncio.create_task(source.run(), name=f"discovery {source.status.name}")
+            task.add_done_callback(self._on_source_done)
+            self._source_tasks[source.status.name] = task
+        prober = asyncio.create_task(self.prober.run(), name="prober")
+        server = await start_server(self.proxy, server_settings.host, server_settings.port)
+        grpc_health = None
+        if server_settings.grpc_health_port is not None:
+            grpc_health = GrpcHealthServer(
+                self.admin.report, host=server_settings.host, port=server_settings.grpc_health_port
+            )
+        log.info(
+            "headcount listening on http://%s:%d (discovery %s, routing %s)",
+            server_settings.host,
+            server_settings.port,
+            self.settings.discovery.mode.value,
+            self.settings.proxy.routing.value,
+        )
+        try:
+            if grpc_health is not None:
+                port = await grpc_health.start()
+                log.info("gRPC health (grpc.health.v1) on %s:%d", server_settings.host, port)
+            await stop.wait()
+            await self._drain(server)
+        finally:
+            server.close()
+            if grpc_health is not None:
+                await grpc_health.stop()
+            for task in (*self._source_tasks.values(), prober):
+                task.cancel()
+            await asyncio.gather(*self._source_tasks.values(), prober, return_exceptions=True)
+            await self.proxy.close()
+
+    async def _drain(self, server: asyncio.Server) -> None:
+        health = self.settings.health
+        self.shutting_down = True
+        log.info(
+            "shutting down: not ready; serving new requests for %gs, then draining",
+            health.drain_delay,
+        )
+        await asyncio.sleep(health.drain_delay)
+        server.close()
+        self.proxy.begin_drain()
+        if await self.proxy.wait_idle(health.drain_timeout):
+            log.info("drained: no request in flight")
+        else:
+            log.warning(
+                "drain timeout %gs: closing %d requests", health.drain_timeout, self.proxy.in_flight
+            )
+
+    def _on_source_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        log.error(
+            "discovery loop %s stopped (%s): /livez now fails so the pod is restarted",
+            task.get_name(),
+            repr(error) if error else "returned",
+            exc_info=error,
+        )
+
+
+async def build_sources(settings: Settings, fleet: Fleet) -> list[DiscoverySource]:
+    """The discovery sources `settings` ask for (loading the kubeconfig for Kubernetes modes)."""
+    if settings.discovery.mode is DiscoveryMode.STATIC:
+        return [StaticSource(fleet, settings.discovery.backends)]
+    from headcount.discovery.kube import build_k8s_source
+
+    return [await build_k8s_source(settings.discovery, fleet)]
+
+
+async def serve(settings: Settings) -> None:
+    """Run a router until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after)
+    router = Router(settings, fleet, await build_sources(settings, fleet))
+    await router.run(stop)
