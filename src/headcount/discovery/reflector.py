@@ -1,0 +1,472 @@
+"""List+watch one Kubernetes resource forever, so what we hold never silently goes stale.
+
+A `Reflector` owns one loop and one resourceVersion (client-go `tools/cache`):
+LIST, hand every object to `on_list` (a full replace: whatever is absent is
+gone, DELETE event or not), then WATCH from the list's resourceVersion with
+bookmarks and a randomised server timeout, handing each change to `on_event`.
+Any end of the watch leads back to a LIST: a reconnect without a relist is how
+a pod deleted while we were blind stays registered forever.
+
+It talks to a `ListerWatcher` (`kube.py` in production, a fake in tests), which
+raises this tree; `kube.py` translates the client's exceptions into it:
+
+    KubeError
+    ├── ApiUnreachable      connection refused, reset or broken mid-stream
+    │   └── ApiTimeout      no answer within the client-side timeout
+    ├── ApiStatusError      a non-2xx answer or an in-stream ERROR event (`.code`)
+    │   └── WatchExpired    410 Gone: the resourceVersion left the server's history
+    ├── WatchIdle           nothing (no event, bookmark or byte) for the idle timeout
+    └── BadResponse         a body or watch line that is not the expected JSON
+
+One action per outcome of a watch:
+
+    ended (server timeout, EOF)     relist now               reason `watch-ended`
+    WatchExpired                    relist now               reason `expired`
+    WatchIdle                       relist now               reason `idle-timeout`
+    anything else                   back off, then relist    reason `error`
+
+A watch that ends within `short_watch` without a single event counts as an
+error (client-go's `VeryShortWatchError`), so a server that closes at once
+cannot make us hot-loop. Back-off grows from `backoff_initial` to `backoff_max`
+with jitter and starts over after `backoff_reset_after` without failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from headcount.config import DiscoverySettings
+from headcount.discovery.source import SourceStatus
+
+__all__ = [
+    "ApiStatusError",
+    "ApiTimeout",
+    "ApiUnreachable",
+    "BadResponse",
+    "Isolation",
+    "KubeError",
+    "KubeObject",
+    "ListerWatcher",
+    "Reflector",
+    "ReflectorTiming",
+    "Sleep",
+    "WatchEvent",
+    "WatchExpired",
+    "WatchIdle",
+    "object_key",
+]
+
+logger = logging.getLogger(__name__)
+
+KubeObject = Mapping[str, Any]
+"""A Kubernetes object as the API server sends it: parsed JSON, never a client model."""
+
+T = TypeVar("T")
+
+_CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+class KubeError(Exception):
+    """Listing or watching failed; the message says what and why, for `status.last_error`."""
+
+
+class ApiUnreachable(KubeError):
+    """No usable connection: refused, reset, or broken mid-stream."""
+
+
+class ApiTimeout(ApiUnreachable):
+    """The API server did not answer within the client-side timeout."""
+
+
+class ApiStatusError(KubeError):
+    """The API server answered with an error status (403, 429, 500...)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WatchExpired(ApiStatusError):
+    """410 Gone: the requested resourceVersion is older than the server's history."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(410, message)
+
+
+class WatchIdle(KubeError):
+    """The watch stream was silent for the idle timeout: stalled or half-open."""
+
+
+class BadResponse(KubeError):
+    """The server sent something that is not the JSON we expect."""
+
+
+class _VeryShortWatch(KubeError):
+    """A watch ended almost at once without an event: treated as an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One watch event: ADDED, MODIFIED, DELETED, BOOKMARK (or a type we do not know)."""
+
+    type: str
+    object: KubeObject
+
+
+class ListerWatcher(Protocol):
+    """The Kubernetes API as a reflector needs it: one resource, one namespace."""
+
+    async def list(self, label_selector: str) -> tuple[list[KubeObject], str]:
+        """Every matching object and the list's resourceVersion (a consistent, fresh read)."""
+        ...
+
+    def watch(
+        self, resource_version: str, timeout_seconds: int, label_selector: str
+    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        """Open a watch from `resource_version`; entering connects, iterating reads events.
+
+        The iterator ends when the server ends the stream and raises a `KubeError`
+        otherwise (`WatchExpired` also for an in-stream ERROR event with code 410).
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class ReflectorTiming:
+    """How long a reflector waits for what; defaults as client-go's reflector."""
+
+    watch_timeout_min: float = 300.0
+    watch_timeout_max: float = 600.0
+    """Server-side watch timeout drawn in [min, max] so replicas do not relist in lockstep."""
+    backoff_initial: float = 0.8
+    backoff_max: float = 30.0
+    backoff_reset_after: float = 120.0
+    """client-go: the back-off starts over after two minutes without a failure."""
+    short_watch: float = 1.0
+    """A watch over this fast without an event is an error, never a reason to hot-loop."""
+    remind_every: float = 60.0
+    """A loop that keeps failing the same way logs it again this often: never silent."""
+
+    @classmethod
+    def from_settings(cls, settings: DiscoverySettings) -> ReflectorTiming:
+        return cls(
+            watch_timeout_min=settings.watch_timeout_min,
+            watch_timeout_max=settings.watch_timeout_max,
+            backoff_initial=settings.backoff_initial,
+            backoff_max=settings.backoff_max,
+        )
+
+
+def object_key(obj: KubeObject) -> tuple[str, str]:
+    """(uid, resourceVersion) of an object, empty strings where it has none."""
+    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(metadata, Mapping):
+        return "", ""
+    return str(metadata.get("uid") or ""), str(metadata.get("resourceVersion") or "")
+
+
+class Isolation:
+    """Per-object isolation: one object's failure is contained and logged once per version.
+
+    `apply(step, obj)` returns the step's result, or None when it raises;
+    `reject(obj, reason)` logs why an object is skipped. The same object at the
+    same resourceVersion is logged once.
+    """
+
+    _MAX_REMEMBERED = 4096
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._logged: dict[str, str] = {}
+
+    def apply(self, step: Callable[[KubeObject], T], obj: KubeObject) -> T | None:
+        try:
+            return step(obj)
+        except Exception as exc:
+            self.reject(obj, f"malformed: {exc!r}")
+            return None
+
+    def reject(self, obj: KubeObject, reason: str) -> None:
+        uid, version = object_key(obj)
+        if self._logged.get(uid) == version:
+            return
+        if len(self._logged) >= self._MAX_REMEMBERED:
+            self._logged.clear()
+        self._logged[uid] = version
+        logger.warning(
+            "%s: skipping %s (uid %s, resourceVersion %s): %s",
+            self._what,
+            _object_name(obj),
+            uid or "?",
+            version or "?",
+            reason,
+        )
+
+
+Sleep = Callable[[float], Awaitable[None]]
+"""`asyncio.sleep`, or a test's fake that advances a fake clock."""
+OnList = Callable[[list[KubeObject]], None]
+OnEvent = Callable[[str, KubeObject], None]
+
+
+class Reflector:
+    """Keeps `on_list`/`on_event` in step with one resource and `status` honest about it."""
+
+    def __init__(
+        self,
+        lister_watcher: ListerWatcher,
+        *,
+        status: SourceStatus,
+        on_list: OnList,
+        on_event: OnEvent,
+        label_selector: str = "",
+        timing: ReflectorTiming | None = None,
+        on_status: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        sleep: Sleep = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        """`on_status` is called after every change to `status` (to merge several reflectors)."""
+        self.status = status
+        self._lw = lister_watcher
+        self._on_list = on_list
+        self._on_event = on_event
+        self._selector = label_selector
+        self._timing = timing or ReflectorTiming()
+        self._on_status = on_status
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._backoff = _Backoff(self._timing, clock, self._rng)
+        self._trouble = _Trouble(status.name, clock, self._timing.remind_every)
+        self._isolation = Isolation(status.name)
+        self._unknown_types: set[str] = set()
+
+    async def run(self) -> None:
+        """LIST and WATCH until cancelled; API errors are retried, never raised."""
+        reason = "start"
+        while True:
+            reason = await self._round(reason)
+
+    async def _round(self, reason: str) -> str:
+        """One LIST and the WATCH after it; returns why the next LIST happens."""
+        try:
+            resource_version = await self._list(reason)
+            return await self._watch(resource_version)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._failed(exc)
+            return "error"
+
+    async def _list(self, reason: str) -> str:
+        self.status.relists[reason] += 1
+        self._attempt_started()
+        try:
+            items, resource_version = await self._lw.list(self._selector)
+        finally:
+            self._attempt_finished()
+        self._on_list(items)
+        now = self._clock()
+        status = self.status
+        first = not status.synced
+        status.synced = True
+        status.last_list_success = now
+        status.wall_last_sync = self._wall_clock()
+        status.resource_version = resource_version
+        status.last_error = None
+        self._touch()
+        self._trouble.recovered()
+        log = logger.info if first else logger.debug
+        log(
+            "%s: listed %d objects at resourceVersion %s", status.name, len(items), resource_version
+        )
+        return resource_version
+
+    async def _watch(self, resource_version: str) -> str:
+        timeout = self._watch_timeout()
+        self._attempt_started()
+        started = self._clock()
+        events = 0
+        ended_by: Exception | None = None
+        try:
+            async with self._lw.watch(resource_version, timeout, self._selector) as stream:
+                self._set_connected(True)
+                async for event in stream:
+                    events += 1
+                    self._handle(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            ended_by = exc
+        finally:
+            self._set_connected(False)
+            self._attempt_finished()
+        lasted = self._clock() - started
+        if ended_by is not None and not _ends_watch_cleanly(ended_by):
+            raise ended_by
+        if events == 0 and lasted < self._timing.short_watch:
+            cause = f" ({ended_by})" if ended_by is not None else ""
+            raise _VeryShortWatch(f"watch ended after {lasted:.2f}s without an event{cause}")
+        return self._relist_reason(ended_by, lasted)
+
+    def _relist_reason(self, ended_by: Exception | None, lasted: float) -> str:
+        name = self.status.name
+        if ended_by is None:
+            logger.debug("%s: watch ended after %.1fs; relisting", name, lasted)
+            return "watch-ended"
+        if _is_expired(ended_by):
+            logger.info("%s: watch history expired (%s); relisting", name, ended_by)
+            return "expired"
+        logger.info("%s: %s; relisting", name, ended_by)  # idle: a stalled or half-open stream
+        return "idle-timeout"
+
+    def _handle(self, event: WatchEvent) -> None:
+        if event.type in _CHANGES:
+            self._isolation.apply(lambda obj: self._on_event(event.type, obj), event.object)
+        elif event.type != "BOOKMARK":
+            if event.type not in self._unknown_types:
+                self._unknown_types.add(event.type)
+                logger.warning(
+                    "%s: skipping watch event of unknown type %r", self.status.name, event.type
+                )
+            return
+        _, version = object_key(event.object)
+        status = self.status
+        status.last_event = self._clock()
+        status.wall_last_sync = self._wall_clock()
+        if version:
+            status.resource_version = version
+        self._touch()
+
+    async def _failed(self, exc: Exception) -> None:
+        message = _describe(exc)
+        self.status.last_error = message
+        self._touch()
+        self._trouble.failed(message, unexpected=not isinstance(exc, KubeError))
+        await self._sleep(self._backoff.next_delay())
+
+    def _watch_timeout(self) -> int:
+        low, high = self._timing.watch_timeout_min, self._timing.watch_timeout_max
+        return max(1, round(self._rng.uniform(low, high)))
+
+    def _attempt_started(self) -> None:
+        self.status.last_attempt_started = self._clock()
+        self._touch()
+
+    def _attempt_finished(self) -> None:
+        self.status.last_attempt_finished = self._clock()
+        self._touch()
+
+    def _set_connected(self, connected: bool) -> None:
+        self.status.watch_connected = connected
+        self._touch()
+
+    def _touch(self) -> None:
+        if self._on_status is not None:
+            self._on_status()
+
+
+def _is_expired(exc: Exception) -> bool:
+    return isinstance(exc, WatchExpired)
+
+
+def _is_idle(exc: Exception) -> bool:
+    return isinstance(exc, WatchIdle)
+
+
+def _ends_watch_cleanly(exc: Exception) -> bool:
+    """Outcomes that call for a prompt relist rather than a back-off."""
+    return _is_expired(exc) or _is_idle(exc)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, KubeError):
+        return str(exc)
+    return f"unexpected {type(exc).__name__}: {exc}"
+
+
+def _object_name(obj: KubeObject) -> str:
+    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if isinstance(metadata, Mapping):
+        return f"{metadata.get('namespace', '?')}/{metadata.get('name', '?')}"
+    return "?"
+
+
+class _Backoff:
+    """Exponential back-off with jitter that starts over after a healthy period."""
+
+    def __init__(self, timing: ReflectorTiming, clock: Callable[[], float], rng: random.Random):
+        self._timing = timing
+        self._clock = clock
+        self._rng = rng
+        self._base = timing.backoff_initial
+        self._last_failure = -math.inf
+
+    def next_delay(self) -> float:
+        now = self._clock()
+        if now - self._last_failure >= self._timing.backoff_reset_after:
+            self._base = self._timing.backoff_initial
+        self._last_failure = now
+        delay = min(self._base * (1.0 + self._rng.random()), self._timing.backoff_max)
+        self._base = min(self._base * 2.0, self._timing.backoff_max)
+        return delay
+
+
+class _Trouble:
+    """Logs a failing loop once per distinct error and every `remind_every`, and its recovery.
+
+    A recovery is logged when the failure before it was; a repeat suppressed as
+    identical stays quiet on recovery too, so the last line logged is always true.
+    """
+
+    def __init__(self, name: str, clock: Callable[[], float], remind_every: float) -> None:
+        self._name = name
+        self._clock = clock
+        self._remind_every = remind_every
+        self._failing_since: float | None = None
+        self._attempts = 0
+        self._warned = False
+        self._last_message: str | None = None
+        self._last_warning = -math.inf
+
+    def failed(self, message: str, *, unexpected: bool) -> None:
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since = now
+            self._attempts = 0
+        self._attempts += 1
+        since = now - self._failing_since
+        if message == self._last_message and now - self._last_warning < self._remind_every:
+            logger.debug("%s: %s (attempt %d)", self._name, message, self._attempts)
+            return
+        logger.warning(
+            "%s: %s (%d failed attempts in %.1fs; retrying with back-off)",
+            self._name,
+            message,
+            self._attempts,
+            since,
+            exc_info=unexpected,
+        )
+        self._last_message = message
+        self._last_warning = now
+        self._warned = True
+
+    def recovered(self) -> None:
+        if self._failing_since is None:
+            return
+        since = self._clock() - self._failing_since
+        log = logger.info if self._warned else logger.debug
+        log("%s: recovered after %d failed attempts in %.1fs", self._name, self._attempts, since)
+        self._failing_since = None
+        self._warned = False

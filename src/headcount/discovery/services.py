@@ -1,0 +1,284 @@
+"""Engines from Kubernetes Services, ready when their EndpointSlices say so.
+
+`service_to_spec` is the pure join of one Service with its EndpointSlices
+(discovery.k8s.io/v1, labelled `kubernetes.io/service-name`): the engine is the
+Service's cluster DNS name, ready iff any endpoint is ready. `ServiceSource`
+runs two reflectors, one over the selected Services and one over the
+namespace's EndpointSlices, and recomputes a Service whenever either side
+changes: a slice whose endpoints turn ready updates the engine though the
+Service itself never changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from headcount.discovery.pods import reconcile_listed
+from headcount.discovery.reflector import (
+    Isolation,
+    KubeObject,
+    ListerWatcher,
+    Reflector,
+    ReflectorTiming,
+    Sleep,
+)
+from headcount.discovery.source import SourceStatus
+from headcount.fleet import EngineSpec, Fleet
+
+__all__ = ["SERVICE_NAME_LABEL", "ServiceSource", "service_to_spec", "unroutable_reason"]
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+"""The label that ties an EndpointSlice to its Service."""
+
+
+def unroutable_reason(service: KubeObject) -> str | None:
+    """Why a Service can never be an engine (headless, ExternalName, no port), or None."""
+    spec = service.get("spec") or {}
+    if spec.get("type") == "ExternalName":
+        return "an ExternalName Service has no cluster address"
+    if spec.get("clusterIP") == "None":
+        return "a headless Service (clusterIP None) has no single address"
+    if not spec.get("ports"):
+        return "the Service has no port"
+    return None
+
+
+def service_to_spec(
+    service: KubeObject,
+    slices: Iterable[KubeObject],
+    *,
+    source: str,
+    engine_port: int | None = None,
+) -> EngineSpec | None:
+    """The engine a Service stands for given its slices, or None (raises if malformed).
+
+    The port is `engine_port` if the Service exposes it, else the port named
+    `http`, else the first one.
+    """
+    if unroutable_reason(service) is not None:
+        return None
+    metadata = service["metadata"]
+    namespace, name = str(metadata["namespace"]), str(metadata["name"])
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    port = _engine_port(service["spec"]["ports"], engine_port)
+    return EngineSpec(
+        id=str(metadata["uid"]),
+        name=f"{namespace}/{name}",
+        url=f"http://{name}.{namespace}:{port}",
+        source=source,
+        model_label=labels.get("model"),
+        sleeping=labels.get("sleeping") == "true",
+        ready=any(_has_ready_endpoint(s) for s in slices),
+        lora_revision=annotations.get("lora-modified"),
+        object_ref=f"service/{namespace}/{name}",
+        resource_version=str(metadata.get("resourceVersion") or "") or None,
+    )
+
+
+def _engine_port(ports: Sequence[Any], engine_port: int | None) -> int:
+    numbers = [int(port["port"]) for port in ports]
+    if engine_port in numbers:
+        return engine_port
+    for port, number in zip(ports, numbers, strict=True):
+        if port.get("name") == "http":
+            return number
+    return numbers[0]
+
+
+def _has_ready_endpoint(endpoint_slice: KubeObject) -> bool:
+    """discovery/v1: a nil `ready` is an unknown state, which consumers treat as ready."""
+    for endpoint in endpoint_slice.get("endpoints") or []:
+        ready = (endpoint.get("conditions") or {}).get("ready")
+        if ready is None or ready is True:
+            return True
+    return False
+
+
+class ServiceSource:
+    """Keeps the fleet's engines of `status.name` equal to the selected Services."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        services: ListerWatcher,
+        endpoint_slices: ListerWatcher,
+        *,
+        engine_port: int | None = None,
+        label_selector: str = "",
+        name: str = "k8s-services",
+        timing: ReflectorTiming | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        """`endpoint_slices` lists the namespace's slices; only those with the label are read."""
+        self.status = SourceStatus(name=name, kind="k8s-services")
+        self._fleet = fleet
+        self._engine_port = engine_port
+        self._isolation = Isolation(name)
+        self._services: dict[str, KubeObject] = {}
+        self._slices: dict[str, KubeObject] = {}
+        self._slices_of: dict[str, set[str]] = {}
+        self._services_listed = False
+        self._slices_listed = False
+        self._parts = (
+            SourceStatus(name=f"{name}/services", kind="k8s-services"),
+            SourceStatus(name=f"{name}/endpointslices", kind="k8s-services"),
+        )
+        common: dict[str, Any] = {
+            "timing": timing,
+            "on_status": self._merge_status,
+            "clock": clock,
+            "sleep": sleep,
+        }
+        self._reflectors = (
+            Reflector(
+                services,
+                status=self._parts[0],
+                on_list=self._on_services_list,
+                on_event=self._on_service_event,
+                label_selector=label_selector,
+                **common,
+            ),
+            Reflector(
+                endpoint_slices,
+                status=self._parts[1],
+                on_list=self._on_slices_list,
+                on_event=self._on_slice_event,
+                label_selector=SERVICE_NAME_LABEL,
+                **common,
+            ),
+        )
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for reflector in self._reflectors:
+                group.create_task(reflector.run())
+
+    @property
+    def _joined(self) -> bool:
+        """Both sides listed once: before that a Service's readiness is unknown."""
+        return self._services_listed and self._slices_listed
+
+    def _on_services_list(self, services: list[KubeObject]) -> None:
+        self._services = {}
+        for service in services:
+            self._isolation.apply(self._store_service, service)
+        self._services_listed = True
+        self._reconcile()
+
+    def _on_slices_list(self, slices: list[KubeObject]) -> None:
+        self._slices = {}
+        self._slices_of = {}
+        for endpoint_slice in slices:
+            self._isolation.apply(self._store_slice, endpoint_slice)
+        self._slices_listed = True
+        self._reconcile()
+
+    def _on_service_event(self, kind: str, service: KubeObject) -> None:
+        name, uid = str(service["metadata"]["name"]), str(service["metadata"]["uid"])
+        previous = self._services.pop(name, None)
+        if previous is not None and str(previous["metadata"]["uid"]) != uid:
+            self._fleet.remove(str(previous["metadata"]["uid"]))
+        if kind == "DELETED":
+            self._fleet.remove(uid)
+            return
+        self._services[name] = service
+        self._refresh(name)
+
+    def _on_slice_event(self, kind: str, endpoint_slice: KubeObject) -> None:
+        owners = {self._drop_slice(str(endpoint_slice["metadata"]["name"]))}
+        if kind != "DELETED":
+            owners.add(self._store_slice(endpoint_slice))
+        for owner in owners:
+            if owner is not None:
+                self._refresh(owner)
+
+    def _store_service(self, service: KubeObject) -> None:
+        self._services[str(service["metadata"]["name"])] = service
+
+    def _store_slice(self, endpoint_slice: KubeObject) -> str | None:
+        """Remember a slice under its Service; returns that Service's name."""
+        metadata = endpoint_slice["metadata"]
+        owner = (metadata.get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if owner is None:
+            return None
+        name = str(metadata["name"])
+        self._slices[name] = endpoint_slice
+        self._slices_of.setdefault(str(owner), set()).add(name)
+        return str(owner)
+
+    def _drop_slice(self, name: str) -> str | None:
+        endpoint_slice = self._slices.pop(name, None)
+        if endpoint_slice is None:
+            return None
+        owner = str(endpoint_slice["metadata"]["labels"][SERVICE_NAME_LABEL])
+        names = self._slices_of[owner]
+        names.discard(name)
+        if not names:
+            del self._slices_of[owner]
+        return owner
+
+    def _spec(self, service: KubeObject) -> EngineSpec | None:
+        reason = unroutable_reason(service)
+        if reason is not None:
+            self._isolation.reject(service, reason)
+            return None
+        return self._isolation.apply(self._join, service)
+
+    def _join(self, service: KubeObject) -> EngineSpec | None:
+        name = str(service["metadata"]["name"])
+        slices = [self._slices[s] for s in sorted(self._slices_of.get(name, ()))]
+        return service_to_spec(
+            service, slices, source=self.status.name, engine_port=self._engine_port
+        )
+
+    def _reconcile(self) -> None:
+        """A LIST on either side: make the fleet equal to the join, count what it removed."""
+        if not self._joined:
+            return
+        specs = [s for service in self._services.values() if (s := self._spec(service)) is not None]
+        reconcile_listed(self._fleet, self.status, specs)
+
+    def _refresh(self, service_name: str) -> None:
+        """An event on either side: recompute one Service's engine."""
+        service = self._services.get(service_name)
+        if service is None or not self._joined:
+            return
+        spec = self._spec(service)
+        if spec is None:
+            self._fleet.remove(str(service["metadata"]["uid"]))
+        else:
+            self._fleet.upsert(spec)
+
+    def _merge_status(self) -> None:
+        """The joined source is as fresh as its stalest side, and connected when both are."""
+        merged, parts = self.status, self._parts
+        merged.synced = all(part.synced for part in parts)
+        merged.last_list_success = _oldest(part.last_list_success for part in parts)
+        merged.last_event = _oldest(part.last_success for part in parts)
+        merged.last_attempt_started = _oldest(part.last_attempt_started for part in parts)
+        merged.last_attempt_finished = _oldest(part.last_attempt_finished for part in parts)
+        merged.watch_connected = all(part.watch_connected for part in parts)
+        merged.relists = sum((part.relists for part in parts), Counter())
+        errors = [f"{part.name}: {part.last_error}" for part in parts if part.last_error]
+        merged.last_error = "; ".join(errors) or None
+        merged.resource_version = ",".join(
+            f"{part.name.rsplit('/', 1)[-1]}={part.resource_version}" for part in parts
+        )
+        merged.wall_last_sync = _oldest(part.wall_last_sync for part in parts)
+
+
+def _oldest(times: Iterable[float | None]) -> float | None:
+    """The oldest time, or None if any side has none yet."""
+    values = list(times)
+    if any(value is None for value in values):
+        return None
+    return min(value for value in values if value is not None)

@@ -1,0 +1,622 @@
+"""Kubernetes discovery end to end: kubernetes_asyncio through kube.py against the emulator.
+
+Every test runs the real client against the API server emulator on loopback,
+with a real Fleet, and injects the faults that made other routers go stale:
+a blind period with a deletion, a silent stream, compacted history, an API
+server that accepts and never answers. A few tests aim a tiny server of their
+own at kube.py to feed it watch streams the emulator would never send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from headcount.config import ConfigError, DiscoveryMode, DiscoverySettings
+from headcount.discovery import pods as pods_module
+from headcount.discovery.kube import KubeListerWatcher, build_k8s_source, load_kube_config
+from headcount.discovery.pods import PodSource, pod_to_spec
+from headcount.discovery.reflector import (
+    ApiStatusError,
+    ApiTimeout,
+    ApiUnreachable,
+    BadResponse,
+    Reflector,
+    ReflectorTiming,
+    WatchEvent,
+    WatchExpired,
+    WatchIdle,
+)
+from headcount.discovery.services import ServiceSource
+from headcount.fleet import EngineSpec, Fleet
+from headcount.sim.apiserver import (
+    ApiServerSim,
+    ApiServerSimConfig,
+    make_endpointslice,
+    make_pod,
+    make_service,
+    running_apiserver,
+)
+from tests.support import free_port, wait_until
+
+FAST = ReflectorTiming(backoff_initial=0.05, backoff_max=0.5)
+ENGINE = {"app": "vllm", "model": "llama"}
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServerSim]:
+    async with running_apiserver(ApiServerSimConfig(bookmark_interval=0.5)) as sim:
+        yield sim
+
+
+@asynccontextmanager
+async def client_for(api: ApiServerSim, tmp_path: Path) -> AsyncIterator[ApiClient]:
+    kube = await load_kube_config(api.kubeconfig(tmp_path / "kubeconfig"))
+    async with ApiClient(kube.configuration) as client:
+        yield client
+
+
+def lister_watcher(
+    client: ApiClient,
+    resource: str,
+    *,
+    idle_timeout: float = 5.0,
+    request_timeout: float = 2.0,
+) -> KubeListerWatcher:
+    return KubeListerWatcher(
+        client,
+        resource,
+        "default",
+        request_timeout=request_timeout,
+        connect_timeout=0.5,
+        idle_timeout=idle_timeout,
+    )
+
+
+@asynccontextmanager
+async def running(source: PodSource | ServiceSource) -> AsyncIterator[None]:
+    task = asyncio.ensure_future(source.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled(), "the discovery loop ended on its own"
+
+
+@asynccontextmanager
+async def pod_discovery(
+    api: ApiServerSim,
+    tmp_path: Path,
+    *,
+    idle_timeout: float = 5.0,
+    request_timeout: float = 2.0,
+) -> AsyncIterator[tuple[PodSource, Fleet]]:
+    """A synced PodSource over the emulator, selecting `app=vllm`."""
+    fleet = Fleet()
+    async with client_for(api, tmp_path) as client:
+        pods = lister_watcher(
+            client, "pods", idle_timeout=idle_timeout, request_timeout=request_timeout
+        )
+        source = PodSource(fleet, pods, engine_port=8000, label_selector="app=vllm", timing=FAST)
+        async with running(source):
+            await wait_until(lambda: source.status.watch_connected, what="sync and watch")
+            yield source, fleet
+
+
+def truth(api: ApiServerSim) -> dict[str, EngineSpec]:
+    """The engines the emulator's pods stand for: what the fleet must converge to."""
+    specs = {}
+    for pod in api.pods("default"):
+        if pod["metadata"]["labels"].get("app") != "vllm":
+            continue
+        spec = pod_to_spec(pod, source="k8s-pods", engine_port=8000)
+        if spec is not None:
+            specs[spec.id] = spec
+    return specs
+
+
+def fleet_specs(fleet: Fleet) -> dict[str, EngineSpec]:
+    return {engine.id: engine.spec for engine in fleet.snapshot.engines}
+
+
+def names(fleet: Fleet) -> set[str]:
+    return {engine.spec.name for engine in fleet.snapshot.engines}
+
+
+async def converged(api: ApiServerSim, fleet: Fleet, timeout: float = 3.0) -> None:
+    await wait_until(
+        lambda: fleet_specs(fleet) == truth(api), timeout=timeout, what="fleet == emulator truth"
+    )
+
+
+# --- pods ------------------------------------------------------------------------------------
+
+
+async def test_initial_sync_then_every_kind_of_event(api: ApiServerSim, tmp_path: Path) -> None:
+    api.apply_pod(make_pod("a", labels=ENGINE, ip="10.0.0.1"))
+    api.apply_pod(make_pod("b", labels=ENGINE, ip="10.0.0.2"))
+    api.apply_pod(make_pod("starting", labels=ENGINE, ip="10.0.0.3", ready=False))
+    api.apply_pod(make_pod("other-app", labels={"app": "web"}, ip="10.0.0.4"))
+    async with pod_discovery(api, tmp_path) as (source, fleet):
+        assert names(fleet) == {"default/a", "default/b"}
+        api.apply_pod(make_pod("starting", labels=ENGINE, ip="10.0.0.3", ready=True))
+        api.apply_pod(make_pod("c", labels=ENGINE, ip="fd00::5"))
+        api.patch("Pod", "default", "a", {"metadata": {"labels": {"sleeping": "true"}}})
+        api.delete_pod("default", "b", graceful=True)  # terminating: no longer an engine
+        await converged(api, fleet)
+        assert names(fleet) == {"default/a", "default/starting", "default/c"}
+        assert fleet_specs(fleet)[truth_id(api, "c")].url == "http://[fd00::5]:8000"
+        assert fleet.snapshot.by_id[truth_id(api, "a")].spec.sleeping
+        assert source.status.relists == {"start": 1}, "events alone, no relist needed"
+        assert source.status.watch_connected and source.status.last_event is not None
+
+
+def truth_id(api: ApiServerSim, name: str) -> str:
+    pod = api.get("Pod", "default", name)
+    assert pod is not None
+    return str(pod["metadata"]["uid"])
+
+
+async def test_bookmarks_keep_a_quiet_watch_fresh(api: ApiServerSim, tmp_path: Path) -> None:
+    async with pod_discovery(api, tmp_path, idle_timeout=1.5) as (source, _):
+        first = source.status.last_success
+        await wait_until(
+            lambda: (source.status.last_event or 0) > (first or 0) + 1.0,
+            what="bookmarks moving freshness on",
+        )
+        assert source.status.relists == {"start": 1}, "bookmarks keep the idle timeout away"
+
+
+async def test_a_pod_deleted_while_blind_is_gone_soon_after_the_api_returns(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    api.apply_pod(make_pod("stays", labels=ENGINE, ip="10.0.0.1"))
+    api.apply_pod(make_pod("deleted-while-blind", labels=ENGINE, ip="10.0.0.2"))
+    async with pod_discovery(api, tmp_path) as (source, fleet):
+        assert len(fleet.snapshot.engines) == 2
+        await api.refuse()
+        await wait_until(lambda: source.status.last_error, what="the loop noticing")
+        api.delete_pod("default", "deleted-while-blind")
+        await api.restore()
+        await wait_until(lambda: names(fleet) == {"default/stays"}, timeout=2.0)
+        assert source.status.removed_by_relist == 1
+        await wait_until(lambda: source.status.last_error is None, what="recovery")
+
+
+class ReconnectingWithoutRelist(Reflector):
+    """The incident: after a lost watch, reconnect from now and never LIST again."""
+
+    async def _round(self, reason: str) -> str:
+        if not self.status.synced:
+            return await super()._round(reason)
+        try:
+            return await self._watch("")
+        except Exception as exc:
+            await self._failed(exc)
+            return "error"
+
+
+async def test_the_blind_deletion_scenario_catches_a_watch_that_reconnects_without_relisting(
+    api: ApiServerSim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proof the scenario above can fail: without the relist the deleted pod stays forever."""
+    monkeypatch.setattr(pods_module, "Reflector", ReconnectingWithoutRelist)
+    api.apply_pod(make_pod("stays", labels=ENGINE, ip="10.0.0.1"))
+    api.apply_pod(make_pod("deleted-while-blind", labels=ENGINE, ip="10.0.0.2"))
+    async with pod_discovery(api, tmp_path) as (source, fleet):
+        await api.refuse()
+        await wait_until(lambda: source.status.last_error, what="the loop noticing")
+        api.delete_pod("default", "deleted-while-blind")
+        await api.restore()
+        await wait_until(lambda: source.status.watch_connected, what="the watch reconnecting")
+        with pytest.raises(AssertionError):
+            await wait_until(lambda: names(fleet) == {"default/stays"}, timeout=2.0)
+
+
+async def test_a_silently_stalled_watch_is_abandoned_for_a_relist(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    async with pod_discovery(api, tmp_path, idle_timeout=1.0) as (source, fleet):
+        api.stall()
+        api.apply_pod(make_pod("added-while-stalled", labels=ENGINE, ip="10.0.0.9"))
+        await wait_until(lambda: names(fleet) == {"default/added-while-stalled"}, timeout=3.0)
+        assert source.status.relists["idle-timeout"] >= 1
+        await api.restore()
+
+
+async def test_compacted_history_while_blind_converges(api: ApiServerSim, tmp_path: Path) -> None:
+    for n in range(4):
+        api.apply_pod(make_pod(f"p{n}", labels=ENGINE, ip=f"10.0.0.{n + 1}"))
+    async with pod_discovery(api, tmp_path) as (_, fleet):
+        await api.refuse()
+        api.delete_pod("default", "p0")
+        api.apply_pod(make_pod("p1", labels=ENGINE, ip="10.0.0.1", ready=False))
+        api.apply_pod(make_pod("p9", labels=ENGINE, ip="10.0.0.9"))
+        api.compact()
+        await api.restore()
+        await converged(api, fleet)
+        assert names(fleet) == {"default/p2", "default/p3", "default/p9"}
+
+
+async def test_a_blackholed_api_times_out_and_the_loop_keeps_retrying(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    api.apply_pod(make_pod("a", labels=ENGINE, ip="10.0.0.1"))
+    async with pod_discovery(api, tmp_path, idle_timeout=0.6, request_timeout=0.3) as (
+        source,
+        fleet,
+    ):
+        await api.blackhole()
+        await wait_until(
+            lambda: "no answer within 0.3s" in (source.status.last_error or ""),
+            what="a LIST timing out",
+        )
+        errors = source.status.relists["error"]
+        await wait_until(lambda: source.status.relists["error"] >= errors + 2, what="retries")
+        assert names(fleet) == {"default/a"}, "what we knew stays while we cannot know better"
+        api.apply_pod(make_pod("b", labels=ENGINE, ip="10.0.0.2"))
+        await api.restore()
+        await converged(api, fleet)
+        await wait_until(lambda: source.status.last_error is None, what="recovery")
+
+
+@pytest.mark.parametrize("reset", [False, True])
+async def test_a_dropped_watch_is_followed_by_a_relist(
+    api: ApiServerSim, tmp_path: Path, reset: bool
+) -> None:
+    async with pod_discovery(api, tmp_path) as (source, fleet):
+        await wait_until(lambda: api.open_watches == 1, what="the watch")
+        await api.drop_watches(reset=reset)
+        await wait_until(lambda: sum(source.status.relists.values()) >= 2, what="a relist")
+        api.apply_pod(make_pod("after", labels=ENGINE, ip="10.0.0.1"))
+        await converged(api, fleet)
+
+
+async def test_a_malformed_pod_is_skipped_and_the_good_one_kept(
+    api: ApiServerSim, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = make_pod("broken", labels=ENGINE, ip="10.0.0.1")
+    broken["status"]["podIP"] = "not-an-address"
+    api.apply_pod(broken)
+    api.apply_pod(make_pod("good", labels=ENGINE, ip="10.0.0.2"))
+    with caplog.at_level(logging.WARNING, logger="headcount.discovery"):
+        async with pod_discovery(api, tmp_path) as (source, fleet):
+            assert names(fleet) == {"default/good"}
+            api.patch("Pod", "default", "broken", {"status": {"conditions": "Ready"}})
+            api.apply_pod(make_pod("later", labels=ENGINE, ip="10.0.0.3"))
+            await wait_until(lambda: names(fleet) == {"default/good", "default/later"})
+            assert source.status.last_error is None
+    assert sum("default/broken" in r.getMessage() for r in caplog.records) == 2
+
+
+# --- services --------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def service_discovery(
+    api: ApiServerSim, tmp_path: Path
+) -> AsyncIterator[tuple[ServiceSource, Fleet]]:
+    fleet = Fleet()
+    async with client_for(api, tmp_path) as client:
+        source = ServiceSource(
+            fleet,
+            lister_watcher(client, "services"),
+            lister_watcher(client, "endpointslices"),
+            engine_port=8000,
+            label_selector="app=vllm",
+            timing=FAST,
+        )
+        async with running(source):
+            await wait_until(lambda: source.status.watch_connected, what="sync and watch")
+            yield source, fleet
+
+
+async def test_a_slice_readiness_flip_updates_the_engine_without_a_service_event(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    service = api.apply_service(make_service("llama", labels=ENGINE, ports=(80, 8000)))
+    api.apply_endpointslice(make_endpointslice("llama", [("10.1.0.1", False)]))
+    async with service_discovery(api, tmp_path) as (source, fleet):
+        engine = fleet.snapshot.by_id[service["metadata"]["uid"]]
+        assert engine.spec.url == "http://llama.default:8000" and not engine.spec.ready
+        api.apply_endpointslice(make_endpointslice("llama", [("10.1.0.1", True)]))
+        await wait_until(lambda: fleet.snapshot.by_id[engine.id].spec.ready, timeout=3.0)
+        assert (
+            fleet.snapshot.by_id[engine.id].spec.resource_version
+            == (service["metadata"]["resourceVersion"])
+        ), "the Service itself never changed"
+        api.delete_endpointslice("default", "llama-slice")
+        await wait_until(lambda: not fleet.snapshot.by_id[engine.id].spec.ready, timeout=3.0)
+        assert source.status.watch_connected
+
+
+async def test_a_headless_service_is_isolated_from_the_good_one(
+    api: ApiServerSim, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.apply_service(make_service("good", labels=ENGINE))
+    api.apply_service(make_service("headless", labels=ENGINE, cluster_ip="None"))
+    api.apply_endpointslice(make_endpointslice("good", [("10.1.0.1", True)]))
+    api.apply_endpointslice(make_endpointslice("headless", [("10.1.0.2", True)]))
+    with caplog.at_level(logging.WARNING, logger="headcount.discovery"):
+        async with service_discovery(api, tmp_path) as (_, fleet):
+            assert names(fleet) == {"default/good"}
+            api.apply_endpointslice(make_endpointslice("headless", [("10.1.0.2", False)]))
+            api.apply_service(make_service("new", labels=ENGINE))
+            await wait_until(lambda: names(fleet) == {"default/good", "default/new"})
+    assert sum("default/headless" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_service_deleted_while_blind_is_removed_by_the_relist(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    api.apply_service(make_service("stays", labels=ENGINE))
+    api.apply_service(make_service("goes", labels=ENGINE))
+    async with service_discovery(api, tmp_path) as (source, fleet):
+        assert names(fleet) == {"default/stays", "default/goes"}
+        await api.refuse()
+        await wait_until(lambda: source.status.last_error, what="the loop noticing")
+        api.delete_service("default", "goes")
+        await api.restore()
+        await wait_until(lambda: names(fleet) == {"default/stays"}, timeout=3.0)
+        assert source.status.removed_by_relist == 1
+
+
+# --- the factory and the configuration -------------------------------------------------------
+
+
+async def test_build_k8s_source_discovers_pods_and_closes_its_client(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    api.apply_pod(make_pod("a", namespace="llm", labels=ENGINE, ip="10.0.0.1"))
+    api.apply_pod(make_pod("elsewhere", labels=ENGINE, ip="10.0.0.2"))
+    settings = DiscoverySettings(
+        mode=DiscoveryMode.K8S_PODS,
+        kubeconfig=api.kubeconfig(tmp_path / "kubeconfig", namespace="llm"),
+        label_selector="app=vllm",
+        backoff_initial=0.05,
+        backoff_max=0.5,
+    )
+    fleet = Fleet()
+    source = await build_k8s_source(settings, fleet)
+    task = asyncio.ensure_future(source.run())
+    try:
+        await wait_until(lambda: source.status.synced)
+        assert names(fleet) == {"llm/a"}, "the kubeconfig context's namespace"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert source._api.rest_client.pool_manager.closed  # type: ignore[attr-defined]
+
+
+async def test_build_k8s_source_builds_a_service_source(api: ApiServerSim, tmp_path: Path) -> None:
+    settings = DiscoverySettings(
+        mode=DiscoveryMode.K8S_SERVICES,
+        kubeconfig=api.kubeconfig(tmp_path / "kubeconfig"),
+        namespace="default",
+    )
+    source = await build_k8s_source(settings, Fleet())
+    task = asyncio.ensure_future(source.run())
+    try:
+        await wait_until(lambda: source.status.synced)
+        assert source.status.kind == "k8s-services"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_kubeconfig_comes_from_the_environment_then_the_home_directory(
+    api: ApiServerSim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = api.kubeconfig(tmp_path / "from-env", namespace="from-env")
+    kube = await load_kube_config(environ={"KUBECONFIG": str(path)})
+    assert kube.namespace == "from-env" and kube.configuration.host == api.url
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    api.kubeconfig(home / ".kube" / "config", namespace="from-home")
+    monkeypatch.setenv("HOME", str(home))
+    assert (await load_kube_config(environ={})).namespace == "from-home"
+
+
+async def test_no_configuration_at_all_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match="--kubeconfig"):
+        await load_kube_config(environ={})
+
+
+async def test_in_cluster_configuration_uses_the_service_account(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("secret-token")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (tmp_path / "namespace").write_text("llm\n")
+    environ = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    kube = await load_kube_config(environ=environ, service_account_dir=tmp_path)
+    assert kube.namespace == "llm" and kube.origin == "in-cluster"
+    assert kube.configuration.host == "https://10.96.0.1:443"
+    assert kube.configuration.api_key["BearerToken"] == "Bearer secret-token"
+
+
+# --- kube.py's stream reading, against a server of our own ----------------------------------
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def tiny_server(handler: Handler) -> AsyncIterator[KubeListerWatcher]:
+    """A server answering every pods request with `handler`, and a ListerWatcher aimed at it."""
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/default/pods", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    configuration = Configuration(host=f"http://127.0.0.1:{port}")
+    try:
+        async with ApiClient(configuration) as client:
+            yield lister_watcher(client, "pods", idle_timeout=0.5, request_timeout=0.5)
+    finally:
+        await runner.cleanup()
+
+
+def streaming(*chunks: bytes, status: int = 200, hold: bool = False) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=status, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(chunk)
+            await asyncio.sleep(0.01)  # one chunk at a time on the wire
+        if hold:
+            await asyncio.Event().wait()
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+def line(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+async def read_all(pods: KubeListerWatcher) -> list[WatchEvent]:
+    async with pods.watch("1", 60, "") as stream:
+        return [event async for event in stream]
+
+
+async def test_watch_lines_split_anywhere_and_very_long_ones_are_read_whole() -> None:
+    big = {"metadata": {"name": "big", "resourceVersion": "3"}, "blob": "x" * 3_000_000}
+    payload = line("ADDED", {"metadata": {"name": "a"}}) + b"\n" + line("MODIFIED", big)
+    payload += line("BOOKMARK", {"metadata": {"resourceVersion": "9"}})
+    rng = random.Random(3)
+    cuts = sorted({*rng.sample(range(1, len(payload)), 40), 7, 8, 9})
+    chunks = [payload[a:b] for a, b in zip([0, *cuts], [*cuts, len(payload)], strict=True)]
+    async with tiny_server(streaming(*chunks)) as pods:
+        events = await read_all(pods)
+    assert [e.type for e in events] == ["ADDED", "MODIFIED", "BOOKMARK"]
+    assert len(events[1].object["blob"]) == 3_000_000
+
+
+@pytest.mark.parametrize(
+    ("chunks", "status", "error"),
+    [
+        (
+            (line("ERROR", {"kind": "Status", "code": 410, "message": "too old"}),),
+            200,
+            WatchExpired,
+        ),
+        ((json.dumps({"kind": "Status", "code": 410}).encode(),), 410, WatchExpired),
+        ((json.dumps({"kind": "Status", "message": "forbidden"}).encode(),), 403, ApiStatusError),
+        ((line("ERROR", {"kind": "Status", "code": 500, "message": "etcd"}),), 200, ApiStatusError),
+        ((b"not json\n",), 200, BadResponse),
+        ((b'{"type": "ADDED", "object": {"metadata"',), 200, BadResponse),
+    ],
+)
+async def test_watch_errors_are_translated(
+    chunks: tuple[bytes, ...], status: int, error: type[Exception]
+) -> None:
+    async with tiny_server(streaming(*chunks, status=status)) as pods:
+        with pytest.raises(error) as raised:
+            await read_all(pods)
+    if error is ApiStatusError:
+        assert isinstance(raised.value, ApiStatusError) and raised.value.code in (403, 500)
+        assert not isinstance(raised.value, WatchExpired)
+
+
+async def test_a_silent_watch_stream_raises_watch_idle_after_the_idle_timeout() -> None:
+    first = line("ADDED", {"metadata": {"name": "a"}})
+    async with tiny_server(streaming(first, hold=True)) as pods:
+        seen: list[WatchEvent] = []
+        async with asyncio.timeout(5):
+            with pytest.raises(WatchIdle):
+                async with pods.watch("1", 60, "") as stream:
+                    async for event in stream:
+                        seen.append(event)
+                        await asyncio.sleep(0.8)  # a slow consumer is not an idle stream
+    assert [e.type for e in seen] == ["ADDED"]
+
+
+async def test_list_errors_are_translated() -> None:
+    async def forbidden(request: web.Request) -> web.Response:
+        body = {"kind": "Status", "code": 403, "message": 'pods is forbidden: User "x"'}
+        return web.json_response(body, status=403)
+
+    async with tiny_server(forbidden) as pods:
+        with pytest.raises(ApiStatusError, match="forbidden") as raised:
+            await pods.list("")
+    assert raised.value.code == 403
+
+    async def never(request: web.Request) -> web.Response:
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    async with tiny_server(never) as pods:
+        with pytest.raises(ApiTimeout, match=r"no answer within 0\.5s"):
+            await pods.list("")
+
+    async with ApiClient(Configuration(host=f"http://127.0.0.1:{free_port()}")) as client:
+        with pytest.raises(ApiUnreachable):
+            await lister_watcher(client, "pods").list("")
+
+
+# --- churn -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_churn_with_faults_converges_to_the_truth(
+    api: ApiServerSim, tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    names_used = [f"p{n}" for n in range(8)]
+    async with pod_discovery(api, tmp_path, idle_timeout=0.5, request_timeout=0.5) as (
+        _,
+        fleet,
+    ):
+        faulty = False
+        for step in range(40):
+            roll = rng.random()
+            name = rng.choice(names_used)
+            if roll < 0.45:
+                labels = {**ENGINE, "sleeping": rng.choice(["true", "false"])}
+                if rng.random() < 0.2:
+                    labels["app"] = "other"
+                api.apply_pod(
+                    make_pod(
+                        name,
+                        labels=labels,
+                        ip=f"10.0.{seed}.{rng.randrange(1, 250)}",
+                        ready=rng.random() < 0.8,
+                    )
+                )
+            elif roll < 0.7:
+                if api.get("Pod", "default", name) is not None:
+                    api.delete_pod("default", name, graceful=rng.random() < 0.3)
+            elif faulty:
+                await api.restore()
+                faulty = False
+            else:
+                fault = rng.choice(["drop", "reset", "stall", "refuse", "compact"])
+                if fault in ("drop", "reset"):
+                    await api.drop_watches(reset=fault == "reset")
+                elif fault == "stall":
+                    api.stall()
+                    faulty = True
+                elif fault == "refuse":
+                    await api.refuse()
+                    faulty = True
+                else:
+                    api.compact()
+            if step % 5 == 0:
+                await asyncio.sleep(rng.uniform(0, 0.2))  # let some rounds interleave
+        await api.restore()
+        await converged(api, fleet)
