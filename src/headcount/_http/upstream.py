@@ -1,0 +1,445 @@
+"""Keep-alive connections to engines: a pool per engine, one callback per upstream read.
+
+    pool = upstreams.pool(engine.id, engine.url)   # host and port parsed once per engine
+    connection = pool.take()                       # an idle connection, or None: no Task
+    if connection is None:
+        connection = await pool.connect()          # only new connections need a coroutine
+    connection.send(request_bytes, listener)
+
+The connection then calls `listener.on_response(head, body, complete)` once per
+upstream read that carried anything (so the proxy writes once per read), and
+`listener.on_upstream_error(error)` at most once, with an `errors.UpstreamError`.
+When a response completes and both sides allow keep-alive, the connection goes
+back to its pool before the listener hears `complete`. Responses may be framed
+by content-length, chunked, or the end of the connection. Idle connections leave
+the pool when the engine closes them, after `idle_timeout`, or when the pool
+closes (its engine left the fleet).
+
+Timers: one handle per connection for its whole life. It fires at least every
+`min(read_timeout, idle_timeout)` and compares the time against a deadline that
+each read only moves, so no request schedules or cancels anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterable
+from contextlib import suppress
+from typing import Protocol, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from headcount._http.errors import (
+    ConnectFailed,
+    ConnectTimeout,
+    NoResponse,
+    StaleConnection,
+    StreamBroken,
+    UpstreamError,
+    UpstreamTimeout,
+)
+
+__all__ = [
+    "ResponseHead",
+    "ResponseListener",
+    "UpstreamConnection",
+    "UpstreamPool",
+    "Upstreams",
+]
+
+_NO_BODY_STATUSES = frozenset({204, 304})
+_KEEPALIVE_TUNING = tuple(
+    (getattr(socket, name), value)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+)
+"""Probe a silent engine after 30 s, give up after 3 more tries 10 s apart: a dead host
+(no FIN, no RST) is found in about a minute instead of Linux's default two hours."""
+
+
+class ResponseHead:
+    """Status line and headers of an engine's response; header names lowercased."""
+
+    __slots__ = ("content_length", "headers", "reason", "status")
+
+    def __init__(
+        self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], length: int | None
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.content_length = length
+
+
+class ResponseListener(Protocol):
+    """Who hears one response on an upstream connection."""
+
+    def on_response(self, head: ResponseHead | None, body: bytes, complete: bool) -> None:
+        """One upstream read: the head (first time only), the body bytes it carried, whether
+        the response is now whole. When `complete`, the connection is already released."""
+
+    def on_upstream_error(self, error: UpstreamError) -> None:
+        """The response will not complete; the connection is closed. Called at most once."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to an engine, parsing responses with httptools."""
+
+    __slots__ = (
+        "_body",
+        "_chunked",
+        "_complete",
+        "_content_length",
+        "_deadline",
+        "_head",
+        "_headers",
+        "_interim",
+        "_keep_alive",
+        "_listener",
+        "_loop",
+        "_parser",
+        "_paused",
+        "_pool",
+        "_reason",
+        "_received",
+        "_sent",
+        "_timer",
+        "_transport",
+        "_until_close",
+        "closed",
+    )
+
+    def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
+        self._pool = pool
+        self._loop = loop
+        self._parser = httptools.HttpResponseParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._listener: ResponseListener | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._sent = 0
+        self._paused = False
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._received = False
+        self._reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._head: ResponseHead | None = None
+        self._content_length: int | None = None
+        self._chunked = False
+        self._complete = False
+        self._interim = False
+        self._until_close = False
+        self._keep_alive = True
+
+    # -- used by the proxy --------------------------------------------------------------------
+
+    def send(self, request: bytes, listener: ResponseListener) -> None:
+        """Write a whole request; `listener` hears about its response."""
+        self._reset()
+        self._listener = listener
+        self._sent += 1
+        self._deadline = self._loop.time() + self._pool.read_timeout
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            if self._paused:
+                self._paused = False
+                transport.resume_reading()
+            transport.write(request)
+        # else: the engine closed it a moment ago; connection_lost reports a stale connection
+
+    def cancel(self) -> None:
+        """Abandon the exchange in progress; the connection is closed, never reused."""
+        self._listener = None
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed and self._transport is not None:
+            self.closed = True
+            self._transport.abort()
+
+    def pause_reading(self) -> None:
+        if not self.closed and self._transport is not None and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self.closed and self._transport is not None and self._paused:
+            self._paused = False
+            self._deadline = self._loop.time() + self._pool.read_timeout
+            self._transport.resume_reading()
+
+    # -- connection events --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for option, value in _KEEPALIVE_TUNING:
+                    sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        self._deadline = self._loop.time() + self._pool.tick
+        self._timer = self._loop.call_at(self._deadline, self._on_timer)
+
+    def data_received(self, data: bytes) -> None:
+        listener = self._listener
+        if listener is None:
+            self.close()  # bytes nobody asked for: this connection cannot be trusted
+            return
+        self._received = True
+        self._deadline = self._loop.time() + self._pool.read_timeout
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._fail(StreamBroken(f"malformed response: {exc}"))
+            return
+        head = self._head
+        self._head = None
+        parts = self._body
+        if parts:
+            self._body = []
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+        elif head is None and not self._complete:
+            return
+        else:
+            body = b""
+        complete = self._complete
+        if complete:
+            self._listener = None
+            self._release()
+        listener.on_response(head, body, complete)
+
+    def eof_received(self) -> bool | None:
+        self._pool.discard(self)  # closing now; connection_lost decides what the end means
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._pool.discard(self)
+        listener = self._listener
+        if listener is None:
+            return
+        self._listener = None
+        if self._until_close and exc is None:
+            listener.on_response(None, b"", True)  # the end of the connection ends the body
+            return
+        error: UpstreamError
+        if self._received:
+            error = StreamBroken(f"connection lost mid-response: {exc or 'closed'}")
+        elif self._sent > 1:
+            error = StaleConnection(f"reused connection closed: {exc or 'closed'}")
+        else:
+            error = NoResponse(f"connection closed before any response byte: {exc or 'closed'}")
+        listener.on_upstream_error(error)
+
+    # -- parser callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            self._keep_alive = False  # a second response in one exchange: out of sync
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self._headers.append((name, value))
+        if name == b"content-length":
+            self._content_length = int(value)
+        elif name == b"transfer-encoding":
+            self._chunked = b"chunked" in value.lower()
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status: int = parser.get_status_code()
+        if status < 200:
+            self._interim = True  # 100 Continue and friends: the real response follows
+            self._headers = []
+            self._reason = b""
+            return
+        self._keep_alive = parser.should_keep_alive()
+        length = self._content_length
+        self._until_close = length is None and not self._chunked and status not in _NO_BODY_STATUSES
+        self._head = ResponseHead(status, self._reason, self._headers, length)
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._complete = True
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _release(self) -> None:
+        # The last read moved the deadline to now + read_timeout; from now on it is idle.
+        self._deadline += self._pool.idle_timeout - self._pool.read_timeout
+        if self._keep_alive and not self.closed:
+            self._pool.release(self)
+        else:
+            self.close()
+
+    def _fail(self, error: UpstreamError) -> None:
+        listener = self._listener
+        self._listener = None
+        self.close()
+        if listener is not None:
+            listener.on_upstream_error(error)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        now = self._loop.time()
+        if self._paused:
+            self._deadline = now + self._pool.read_timeout  # the client is slow, not the engine
+        elif now >= self._deadline:
+            if self._listener is None:
+                self.close()  # idle too long in the pool
+            else:
+                self._fail(UpstreamTimeout(f"no response byte for {self._pool.read_timeout:g}s"))
+            return
+        self._timer = self._loop.call_at(min(self._deadline, now + self._pool.tick), self._on_timer)
+
+
+class UpstreamPool:
+    """Keep-alive connections to one engine; the most recently used is reused first."""
+
+    __slots__ = (
+        "_closed",
+        "_idle",
+        "connect_timeout",
+        "host",
+        "host_header",
+        "idle_timeout",
+        "max_idle",
+        "port",
+        "read_timeout",
+        "tick",
+        "url",
+    )
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        idle_timeout: float,
+        max_idle: int,
+    ) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or 80
+        self.host_header = b"host: %s\r\n" % parts.netloc.encode("idna")
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.idle_timeout = idle_timeout
+        self.tick = min(read_timeout, idle_timeout)
+        self.max_idle = max_idle
+        self._idle: dict[UpstreamConnection, None] = {}
+        self._closed = False
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def take(self) -> UpstreamConnection | None:
+        """An idle connection, or None if there is none."""
+        idle = self._idle
+        while idle:
+            connection, _ = idle.popitem()
+            if not connection.closed:
+                return connection
+        return None
+
+    async def connect(self) -> UpstreamConnection:
+        """A new connection, or `ConnectFailed`/`ConnectTimeout` within `connect_timeout`."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, connection = await loop.create_connection(
+                    lambda: UpstreamConnection(self, loop), self.host, self.port
+                )
+        except TimeoutError:
+            raise ConnectTimeout(f"not accepted within {self.connect_timeout:g}s") from None
+        except OSError as exc:
+            raise ConnectFailed(exc.strerror or str(exc) or type(exc).__name__) from None
+        return connection
+
+    def release(self, connection: UpstreamConnection) -> None:
+        if self._closed or len(self._idle) >= self.max_idle:
+            connection.close()
+        else:
+            self._idle[connection] = None
+
+    def discard(self, connection: UpstreamConnection) -> None:
+        self._idle.pop(connection, None)
+
+    def close(self) -> None:
+        """Close idle connections now; busy ones close when their response ends."""
+        self._closed = True
+        idle = list(self._idle)
+        self._idle.clear()
+        for connection in idle:
+            connection.close()
+
+
+class Upstreams:
+    """One pool per engine id; the proxy drops the pools of engines that left the fleet."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        idle_timeout: float = 4.0,
+        max_idle: int = 256,
+    ) -> None:
+        """`idle_timeout` stays under uvicorn's 5 s keep-alive (vLLM's server), so we close an
+        idle connection before the engine does; `max_idle` bounds idle connections per engine."""
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._idle_timeout = idle_timeout
+        self._max_idle = max_idle
+        self._pools: dict[str, UpstreamPool] = {}
+
+    def pool(self, engine_id: str, url: str) -> UpstreamPool:
+        pool = self._pools.get(engine_id)
+        if pool is None or pool.url != url:
+            if pool is not None:
+                pool.close()
+            pool = UpstreamPool(
+                url,
+                connect_timeout=self._connect_timeout,
+                read_timeout=self._read_timeout,
+                idle_timeout=self._idle_timeout,
+                max_idle=self._max_idle,
+            )
+            self._pools[engine_id] = pool
+        return pool
+
+    def drop(self, engine_ids: Iterable[str]) -> None:
+        for engine_id in engine_ids:
+            pool = self._pools.pop(engine_id, None)
+            if pool is not None:
+                pool.close()
+
+    def close(self) -> None:
+        self.drop(list(self._pools))
+
+    def __len__(self) -> int:
+        return len(self._pools)

@@ -1,0 +1,56 @@
+"""Bytes the data plane puts on the wire, built once at import: reasons, header names, errors.
+
+Header names are compared lowercased (`bytes.lower()` once per header, as
+httptools delivers them as sent). `error_body` renders the OpenAI error shape
+that every error answer of headcount carries.
+"""
+
+from __future__ import annotations
+
+import http
+import json
+
+__all__ = [
+    "CHUNKED_END",
+    "CRLF",
+    "HOP_BY_HOP",
+    "JSON_HEADER",
+    "REASONS",
+    "connection_tokens",
+    "error_body",
+]
+
+CRLF = b"\r\n"
+CHUNKED_END = b"0\r\n\r\n"
+JSON_HEADER = b"content-type: application/json\r\n"
+
+REASONS: dict[int, bytes] = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+"""Headers that describe one connection, never forwarded (RFC 9110 §7.6.1); also any
+`proxy-*` header and any header the `Connection` header names."""
+
+_CONNECTION_OPTIONS = frozenset({b"close", b"keep-alive"})
+
+
+def connection_tokens(value: bytes) -> frozenset[bytes]:
+    """Header names listed in a `Connection` value, besides the `close`/`keep-alive` options."""
+    tokens = {token.strip().lower() for token in value.split(b",")}
+    return frozenset(tokens - _CONNECTION_OPTIONS - {b""})
+
+
+def error_body(message: str, error_type: str, code: str) -> bytes:
+    """The OpenAI error shape: `{"error": {"message", "type", "code"}}`."""
+    return json.dumps({"error": {"message": message, "type": error_type, "code": code}}).encode()
