@@ -446,3 +446,19 @@ async def test_module_runs_as_a_program_and_stops_on_sigterm(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_drain_finishes_running_streams_and_refuses_new_connections(
+    session: aiohttp.ClientSession,
+) -> None:
+    async with running_engine(EngineSimConfig(token_delay=0.02)) as engine:
+        body = {"model": "sim-model", "prompt": "hi", "max_tokens": 10, "stream": True}
+        async with session.post(engine.url + "/v1/completions", json=body) as response:
+            assert response.status == 200
+            await response.content.readuntil(b"\n\n")
+            drained = asyncio.create_task(engine.drain())
+            rest = await response.read()
+        await drained
+        assert rest.endswith(b"data: [DONE]\n\n")
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await session.get(engine.url + "/health")

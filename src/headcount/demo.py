@@ -134,7 +134,7 @@ async def _observe(url: str, view: _View, stop: asyncio.Event) -> None:
 def _render(view: _View, traffic: _Traffic) -> Group:
     table = Table(title="the router's view (GET /engines)", expand=True)
     for column in ("engine", "url", "state", "in flight", "served", "last error"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     colours = {"ready": "green", "unhealthy": "red", "pending": "yellow", "sleeping": "blue"}
     for engine in view.engines:
         state = engine["state"]
@@ -277,8 +277,8 @@ async def _story(
     view.say("API server refuses connections: the router is blind")
     await asyncio.sleep(1.0)
     api.delete_pod(NAMESPACE, "engine-c")
-    await engines[2].stop()
-    view.say("pod engine-c deleted and its engine stopped while the router cannot see")
+    await engines[2].drain()
+    view.say("pod engine-c deleted; its engine finished its requests and exited, unseen")
     view.say("(a router that re-watches without re-listing keeps this ghost forever)")
     await asyncio.sleep(act_seconds)
     await api.restore()

@@ -364,6 +364,8 @@ class SimEngine:
         self._id_prefix = os.urandom(4).hex()
         self._served = 0
         self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._disconnects = 0
         self._stopping = False
         self._runner: web.AppRunner | None = None
@@ -407,6 +409,22 @@ class SimEngine:
             "waiting": self._scheduler.waiting,
             "disconnects": self._disconnects,
         }
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Stop as a terminating pod does: refuse new connections, finish what runs, then stop."""
+        self._stop_listening()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        await self.stop()
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()
 
     async def stop(self) -> None:
         """Close the socket and every connection, cancelling whatever they were doing."""
@@ -545,7 +563,7 @@ class SimEngine:
         return await self._handle_generation(request, "completion")
 
     async def _handle_generation(self, request: web.Request, kind: _Kind) -> web.StreamResponse:
-        self._in_flight += 1
+        self._enter()
         try:
             refusal = await self._api_gate()
             if refusal is not None:
@@ -563,7 +581,7 @@ class SimEngine:
             self._note_disconnect()
             raise
         finally:
-            self._in_flight -= 1
+            self._leave()
 
     async def _complete(self, request: web.Request, generation: _Generation) -> web.Response:
         await self._pace(generation.max_tokens)
@@ -642,7 +660,7 @@ class SimEngine:
         return head, _ChunkFrames.build(generation.kind, head + b'"choices":[{"index":0,')
 
     async def _handle_embeddings(self, request: web.Request) -> web.StreamResponse:
-        self._in_flight += 1
+        self._enter()
         try:
             refusal = await self._api_gate()
             if refusal is not None:
@@ -664,7 +682,7 @@ class SimEngine:
             self._note_disconnect()
             raise
         finally:
-            self._in_flight -= 1
+            self._leave()
 
     def _embeddings_body(
         self, request: web.Request, model: str, inputs: list[object]
