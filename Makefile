@@ -52,6 +52,7 @@ demo: install
 	$(BIN)/headcount demo
 
 bench: install
+	bash bench/peers.sh
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/discovery.py
 
