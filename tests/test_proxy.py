@@ -26,7 +26,7 @@ from headcount.config import ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
 from headcount.proxy import LocalRequest, LocalResponse, Proxy, start_server
-from headcount.routing import RoundRobin
+from headcount.routing import Policy, RoundRobin, RoutingName, make_policy
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from tests.support import wait_until
 from tests.test_upstream import EngineConnection, blackholed_listener, raw_engine
@@ -101,13 +101,14 @@ async def routed(
     *configs: EngineSimConfig,
     extra_urls: Sequence[str] = (),
     settings: ProxySettings = SETTINGS,
+    policy: Policy | None = None,
 ) -> AsyncIterator[Routed]:
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(running_engine(c)) for c in configs]
         fleet = Fleet()
         ids = add_engines(fleet, [engine.url for engine in engines] + list(extra_urls))
         metrics = Metrics(lambda: fleet.snapshot)
-        proxy = Proxy(fleet, RoundRobin(), settings, metrics, local_app)
+        proxy = Proxy(fleet, policy or RoundRobin(), settings, metrics, local_app)
         server = await start_server(proxy, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         session = await stack.enter_async_context(
@@ -710,3 +711,29 @@ async def _scenario_on_uvloop() -> None:
 
 def test_proxy_on_uvloop_serves_streams_and_releases_counters() -> None:
     uvloop.run(_scenario_on_uvloop())
+
+
+@pytest.mark.parametrize(
+    ("routing", "request_for"),
+    [
+        (RoutingName.SESSION, lambda i: ({"x-session-id": f"s{i % 8}"}, chat())),
+        (
+            RoutingName.PREFIX,
+            lambda i: ({}, {"model": MODEL, "prompt": f"document {i % 8} " * 50}),
+        ),
+    ],
+)
+async def test_affinity_routing_keeps_each_key_on_one_engine(
+    routing: RoutingName, request_for: Any
+) -> None:
+    configs = [EngineSimConfig(name=f"e{i}") for i in range(4)]
+    async with routed(*configs, policy=make_policy(routing)) as setup:
+        served: dict[int, set[str]] = {}
+        for i in range(32):
+            headers, body = request_for(i)
+            path = CHAT if "messages" in body else "/v1/completions"
+            async with setup.session.post(setup.url + path, json=body, headers=headers) as response:
+                assert response.status == 200
+                served.setdefault(i % 8, set()).add(response.headers["x-engine-name"])
+        assert all(len(engines) == 1 for engines in served.values()), served
+        assert len(set().union(*served.values())) > 1, "keys should not all share one engine"

@@ -105,6 +105,7 @@ _CLIENT_CLOSED = 499
 """Recorded in metrics when the client leaves first (nginx's convention); never sent."""
 _UNKNOWN_MODEL = "unknown"
 """Metric label for requests whose model no engine serves: client input must not mint series."""
+_UNLABELLED = RequestFeatures(_UNKNOWN_MODEL)
 
 
 def _error(status: int, message: str, error_type: str, code: str) -> tuple[int, bytes]:
@@ -223,9 +224,9 @@ class Proxy:
     def _forward(self, request: Request, responder: Responder) -> None:
         loop = self._loop or asyncio.get_running_loop()
         started = loop.time()
-        error, label, engine = self._route(request.body)
+        error, features, engine = self._route(request)
         if engine is None:
-            self._reject(request, responder, error, started, label)
+            self._reject(request, responder, error, started, features.model)
             return
         line = b"POST %s HTTP/1.1\r\n" % request.target
         tail, request_id = _forward_headers(request.headers, len(request.body))
@@ -233,28 +234,32 @@ class Proxy:
             request_id = self._new_request_id()
             tail = b"x-request-id: %s\r\n%s" % (request_id, tail)
         wire = (line, tail, request.body)
-        exchange = _Exchange(self, responder, loop, label, started, request_id, wire)
+        exchange = _Exchange(self, responder, loop, features, started, request_id, wire)
         responder.attach(exchange)
         exchange.begin(engine)
 
-    def _route(self, body: bytes) -> tuple[tuple[int, bytes], str, Engine | None]:
-        """The engine for a request body, or the error to answer and the model's metric label."""
+    def _route(self, request: Request) -> tuple[tuple[int, bytes], RequestFeatures, Engine | None]:
+        """The engine for a request, or the error to answer; features carry the metric label."""
         try:
-            payload = json.loads(body)
+            payload = json.loads(request.body)
         except ValueError:
-            return _INVALID_JSON, _UNKNOWN_MODEL, None
+            return _INVALID_JSON, _UNLABELLED, None
         if not isinstance(payload, dict):
-            return _NOT_AN_OBJECT, _UNKNOWN_MODEL, None
+            return _NOT_AN_OBJECT, _UNLABELLED, None
         model = payload.get("model")
         if not isinstance(model, str) or not model:
-            return _MISSING_MODEL, _UNKNOWN_MODEL, None
+            return _MISSING_MODEL, _UNLABELLED, None
         snapshot = self.fleet.snapshot
         candidates = snapshot.candidates(model)
-        engine = self.policy.select(candidates, RequestFeatures(model)) if candidates else None
-        if engine is None:
+        if not candidates:
             error, label = _unroutable(snapshot, model)
-            return error, label, None
-        return _NO_ERROR, model, engine
+            return error, RequestFeatures(label), None
+        key_source = self.policy.key_source
+        key = None
+        if key_source is not None:
+            key = key_source(payload, lambda name: _header(request.headers, name))
+        features = RequestFeatures(model, key)
+        return _NO_ERROR, features, self.policy.select(candidates, features)
 
     def _reject(
         self,
@@ -306,9 +311,9 @@ class _Exchange:
         "_done",
         "_engine",
         "_failovers",
+        "_features",
         "_head_sent",
         "_loop",
-        "_model",
         "_paused",
         "_proxy",
         "_request_id",
@@ -327,7 +332,7 @@ class _Exchange:
         proxy: Proxy,
         responder: Responder,
         loop: asyncio.AbstractEventLoop,
-        model: str,
+        features: RequestFeatures,
         started: float,
         request_id: bytes,
         wire: tuple[bytes, bytes, bytes],
@@ -336,7 +341,7 @@ class _Exchange:
         self._proxy = proxy
         self._responder = responder
         self._loop = loop
-        self._model = model
+        self._features = features
         self._started = started
         self._request_id = request_id
         self._wire = wire
@@ -399,10 +404,10 @@ class _Exchange:
         if self._failovers >= self._proxy.settings.max_failovers:
             return None
         tried = self._tried
-        candidates = self._proxy.fleet.snapshot.candidates(self._model)
+        candidates = self._proxy.fleet.snapshot.candidates(self._features.model)
         remaining = [engine for engine in candidates if engine.id not in tried]
         policy = self._proxy.policy
-        engine = policy.select(remaining, RequestFeatures(self._model)) if remaining else None
+        engine = policy.select(remaining, self._features) if remaining else None
         if engine is not None:
             self._failovers += 1
             tried.append(engine.id)
@@ -537,7 +542,7 @@ class _Exchange:
         self._end(status)
 
     def _crash(self) -> None:
-        _log.exception("proxying a request for model %r failed", self._model)
+        _log.exception("proxying a request for model %r failed", self._features.model)
         if self._done:
             return
         conn = self._conn
@@ -554,7 +559,7 @@ class _Exchange:
     def _end(self, status: int) -> None:
         self._done = True
         duration = self._loop.time() - self._started
-        self._proxy.metrics.request_done(self._model, status, duration, self._ttfb)
+        self._proxy.metrics.request_done(self._features.model, status, duration, self._ttfb)
 
 
 class _LocalExchange:
