@@ -79,3 +79,12 @@ def test_kubernetes_mode_rejects_backends_and_missing_kubeconfig(tmp_path) -> No
 def test_watch_timeout_bounds_are_ordered() -> None:
     with pytest.raises(ConfigError, match="watch-timeout-min"):
         parse("--discovery", "k8s-pods", "--watch-timeout-min", "10", "--watch-timeout-max", "5")
+
+
+def test_liveness_bound_must_outlast_the_slowest_discovery_round() -> None:
+    with pytest.raises(ConfigError, match="discovery-dead-after"):
+        parse(
+            "--discovery", "k8s-pods", "--discovery-dead-after", "100", "--watch-idle-timeout", "90"
+        )
+    settings = parse("--discovery", "k8s-pods", "--discovery-dead-after", "121")
+    assert settings.health.discovery_dead_after == 121

@@ -66,7 +66,7 @@ class Router:
         """Serve until `stop` is set, then drain and return."""
         server_settings = self.settings.server
         for source in self.sources:
-            task = asyncio.create_task(source.run(), name=f"discovery {source.status.name}")
+            task = asyncio.create_task(source.run(), name=source.status.name)
             task.add_done_callback(self._on_source_done)
             self._source_tasks[source.status.name] = task
         prober = asyncio.create_task(self.prober.run(), name="prober")

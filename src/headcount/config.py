@@ -251,6 +251,14 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
     if ns.watch_idle_timeout <= 0:
         raise ConfigError("--watch-idle-timeout must be positive")
+    if mode is not DiscoveryMode.STATIC:
+        slowest_round = ns.backoff_max + max(ns.watch_idle_timeout, ns.api_request_timeout)
+        if ns.discovery_dead_after <= slowest_round:
+            raise ConfigError(
+                f"--discovery-dead-after {ns.discovery_dead_after:g}s must exceed --backoff-max "
+                "plus the longer of --watch-idle-timeout and --api-request-timeout "
+                f"({slowest_round:g}s): an unreachable API server alone must never fail /livez"
+            )
     return Settings(
         server=ServerSettings(
             host=ns.host,

@@ -103,9 +103,14 @@ def evaluate(
     counts = snapshot.count_by_state()
     body = {
         "status": status.value,
-        "reasons": [c.reason for c in (*live, *ready) if not c.ok]
-        + ([f"discovery stale: {', '.join(stale)}"] if stale else [])
-        + (["no routable engine"] if routable == 0 else []),
+        # dict.fromkeys: the optional readiness checks repeat the stale and no-engine reasons.
+        "reasons": list(
+            dict.fromkeys(
+                [c.reason for c in (*live, *ready) if not c.ok]
+                + ([f"discovery stale: {', '.join(stale)}"] if stale else [])
+                + (["no routable engine"] if routable == 0 else [])
+            )
+        ),
         "engines": {"routable": routable, **{state.value: n for state, n in counts.items()}},
         "sources": [_describe_source(s, now) for s in sources],
     }

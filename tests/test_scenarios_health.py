@@ -1,0 +1,352 @@
+"""Health that tells the truth, through real routers: stale discovery, no sync yet, gRPC, wedges.
+
+A scheduler's gRPC health once answered SERVING for 39 hours while its
+discovery watch was dead; a router's /health stayed green while it routed to
+a pod that no longer existed. These scenarios run `headcount serve` as a real
+process in k8s-pods mode against the API server emulator and one simulated
+engine pod, blind the router, and read its HTTP and gRPC health. A wedged or
+dead discovery loop cannot be caused from outside a process, so those run a
+`Router` in-process with a fake discovery source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from headcount.app import Router
+from headcount.config import (
+    DiscoveryMode,
+    DiscoverySettings,
+    HealthSettings,
+    ProbeSettings,
+    ServerSettings,
+    Settings,
+)
+from headcount.discovery.source import SourceStatus
+from headcount.fleet import Fleet
+from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver
+from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
+from tests.support import RouterProcess, free_port, wait_until, wait_until_async
+
+__all__: list[str] = []
+
+pytestmark = pytest.mark.timeout(60)
+
+NAMESPACE = "default"
+MODEL = "sim-model"
+ENGINE_IP = "127.0.0.2"
+STALE_AFTER = 2.0
+DEAD_AFTER = 3.0
+"""Shorter than the blind period, so a liveness that followed API errors would fail."""
+HTTP_TIMEOUT = aiohttp.ClientTimeout(total=3)
+GRPC_TIMEOUT = 3.0
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# ------------------------------------------------------------------ a one-pod cluster
+
+
+@contextlib.asynccontextmanager
+async def one_pod_cluster() -> AsyncIterator[tuple[ApiServerSim, SimEngine]]:
+    """The emulator with one ready engine pod whose simulated engine listens on its pod IP."""
+    async with running_apiserver(ApiServerSimConfig(bookmark_interval=0.3)) as api:
+        async with running_engine(EngineSimConfig(host=ENGINE_IP, model=MODEL)) as engine:
+            api.apply_pod(
+                make_pod(
+                    "engine-0",
+                    namespace=NAMESPACE,
+                    labels={"app": "engine", "model": MODEL},
+                    ip=ENGINE_IP,
+                    port=engine.port,
+                )
+            )
+            yield api, engine
+
+
+def k8s_router_args(api: ApiServerSim, engine: SimEngine, tmp_path: Path) -> list[str]:
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
+    return [
+        "--discovery=k8s-pods",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={NAMESPACE}",
+        "--label-selector=app=engine",
+        f"--engine-port={engine.port}",
+        "--probe-interval=0.5",
+        "--watch-idle-timeout=1",
+        "--api-request-timeout=1",
+        "--api-connect-timeout=0.5",
+        "--backoff-initial=0.1",
+        "--backoff-max=0.5",
+        f"--discovery-stale-after={STALE_AFTER:g}",
+        f"--discovery-dead-after={DEAD_AFTER:g}",
+        "--drain-delay=0",
+        "--drain-timeout=1",
+    ]
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
+        async with session.get(url) as response:
+            return response.status, await response.text()
+
+
+async def health_status(router: RouterProcess) -> str:
+    body: dict[str, Any] = await router.get_json("/health")
+    status: str = body["status"]
+    return status
+
+
+async def has_status(router: RouterProcess, wanted: str) -> bool:
+    return await health_status(router) == wanted
+
+
+# ------------------------------------------------------------------ stale discovery
+
+
+async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
+    tmp_path: Path,
+) -> None:
+    async with (
+        one_pod_cluster() as (api, engine),
+        RouterProcess(k8s_router_args(api, engine, tmp_path)) as router,
+        RouterProcess(
+            [*k8s_router_args(api, engine, tmp_path), "--ready-requires-fresh"]
+        ) as strict,
+    ):
+        for each in (router, strict):
+            await wait_until_async(
+                functools.partial(has_status, each, "ok"), timeout=10, what="synced and probed"
+            )
+        assert await router.status_of("/readyz") == 200
+        assert await strict.status_of("/readyz") == 200
+
+        await api.blackhole()
+        blinded = time.monotonic()
+        await wait_until_async(
+            lambda: has_status(router, "degraded"),
+            timeout=STALE_AFTER + 2,
+            what="/health degraded after the API went silent",
+        )
+        assert time.monotonic() - blinded <= STALE_AFTER + 2
+        await wait_until_async(
+            lambda: has_status(strict, "degraded"), timeout=2, what="strict router degraded"
+        )
+
+        # Blind for longer than --discovery-dead-after: API errors alone never fail liveness,
+        # and a routable engine keeps the lenient router ready.
+        deadline = time.monotonic() + DEAD_AFTER + 1
+        polls = 0
+        while time.monotonic() < deadline and polls < 200:
+            polls += 1
+            assert await router.status_of("/livez") == 200, await get(router.url + "/livez?verbose")
+            assert await strict.status_of("/livez") == 200
+            assert await router.status_of("/readyz") == 200
+            assert await strict.status_of("/readyz") == 503
+            assert await health_status(router) == "degraded"
+            await asyncio.sleep(0.1)
+        assert polls >= 5
+
+        status, text = await get(strict.url + "/readyz?verbose")
+        assert status == 503
+        assert "[-]fresh failed: discovery stale: k8s-pods" in text
+        assert "[+]synced ok" in text
+        assert await strict.status_of("/readyz/fresh") == 503
+        assert await strict.status_of("/readyz/synced") == 200
+        for each in (router, strict):
+            body = await each.get_json("/health")
+            assert body["reasons"] == ["discovery stale: k8s-pods"], "said once, even when strict"
+            assert body["sources"][0]["last_error"]
+
+        await api.restore()
+        for each in (router, strict):
+            await wait_until_async(
+                functools.partial(has_status, each, "ok"), timeout=5, what="ok after restore"
+            )
+        assert await strict.status_of("/readyz") == 200
+        assert await router.status_of("/readyz") == 200
+
+
+async def test_health_is_unavailable_until_the_first_sync(tmp_path: Path) -> None:
+    async with one_pod_cluster() as (api, engine):
+        await api.refuse()
+        async with RouterProcess(k8s_router_args(api, engine, tmp_path)) as router:
+            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
+                async with session.get(router.url + "/health") as response:
+                    assert response.status == 503
+                    body = await response.json()
+            assert body["status"] == "unavailable"
+            assert "first sync not done: k8s-pods" in body["reasons"]
+            assert await router.status_of("/readyz") == 503
+            assert await get(router.url + "/readyz?verbose") == (
+                503,
+                "[-]synced failed: first sync not done: k8s-pods\n"
+                "[+]shutdown ok\n"
+                "readyz check failed\n",
+            )
+            assert await router.status_of("/livez") == 200
+
+            await api.restore()
+            await wait_until_async(
+                lambda: has_status(router, "ok"), timeout=10, what="ok once the API answers"
+            )
+            assert await router.status_of("/health") == 200
+            assert await router.status_of("/readyz") == 200
+
+
+# ------------------------------------------------------------------ gRPC health
+
+
+async def grpc_check(stub: Any, service: str) -> int:
+    request = health_pb2.HealthCheckRequest(service=service)
+    response = await stub.Check(request, timeout=GRPC_TIMEOUT)
+    status: int = response.status
+    return status
+
+
+async def test_grpc_readiness_fails_on_sigterm_while_liveness_serves(tmp_path: Path) -> None:
+    grpc_port = free_port()
+    async with one_pod_cluster() as (api, engine):
+        args = [
+            *k8s_router_args(api, engine, tmp_path),
+            f"--grpc-health-port={grpc_port}",
+            "--drain-delay=1.5",
+        ]
+        async with RouterProcess(args) as router:
+            assert router.process is not None
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+
+                async def ready_serving() -> bool:
+                    return bool(await grpc_check(stub, "readiness") == SERVING)
+
+                await wait_until_async(ready_serving, timeout=10, what="gRPC readiness SERVING")
+                assert await grpc_check(stub, "liveness") == SERVING
+                assert await grpc_check(stub, "") == SERVING
+
+                router.process.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+
+                async def ready_not_serving() -> bool:
+                    return bool(await grpc_check(stub, "readiness") == NOT_SERVING)
+
+                await wait_until_async(ready_not_serving, timeout=1, what="readiness NOT_SERVING")
+                assert await grpc_check(stub, "") == NOT_SERVING
+                assert await grpc_check(stub, "liveness") == SERVING
+                assert time.monotonic() - signalled < 1.5, "checked after the drain delay"
+            assert await asyncio.wait_for(router.process.wait(), 10) == 0
+
+
+# ------------------------------------------------------------------ wedged or dead discovery
+
+
+class WedgedSource:
+    """Syncs once, then waits forever on something that never comes: no attempt ever ends."""
+
+    def __init__(self) -> None:
+        self.status = SourceStatus(name="wedged", kind="k8s-pods")
+
+    async def run(self) -> None:
+        now = time.monotonic()
+        self.status.synced = True
+        self.status.last_list_success = now
+        self.status.last_attempt_finished = now
+        await asyncio.Event().wait()
+
+
+class CrashingSource:
+    """Syncs, then dies of a bug."""
+
+    def __init__(self) -> None:
+        self.status = SourceStatus(name="crashing", kind="k8s-pods")
+
+    async def run(self) -> None:
+        now = time.monotonic()
+        self.status.synced = True
+        self.status.last_list_success = now
+        self.status.last_attempt_finished = now
+        await asyncio.sleep(0)
+        raise RuntimeError("watch decoder bug")
+
+
+@contextlib.asynccontextmanager
+async def in_process_router(
+    source: WedgedSource | CrashingSource, *, dead_after: float
+) -> AsyncIterator[str]:
+    """A `Router` on a free port with `source` as its only discovery; yields its URL."""
+    port = free_port()
+    settings = Settings(
+        server=ServerSettings(host="127.0.0.1", port=port),
+        probe=ProbeSettings(interval=30),
+        discovery=DiscoverySettings(mode=DiscoveryMode.K8S_PODS),
+        health=HealthSettings(
+            discovery_dead_after=dead_after,
+            discovery_stale_after=3600,
+            drain_delay=0,
+            drain_timeout=1,
+        ),
+    )
+    router = Router(settings, Fleet(), [source])
+    stop = asyncio.Event()
+    task = asyncio.create_task(router.run(stop))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_until_async(lambda: get(url + "/readyz"), timeout=5, what="router listening")
+        yield url
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def livez(url: str) -> int:
+    status, _ = await get(url + "/livez")
+    return status
+
+
+async def test_a_wedged_discovery_loop_fails_liveness_within_the_bound() -> None:
+    dead_after = 1.5
+    async with in_process_router(WedgedSource(), dead_after=dead_after) as url:
+        assert await livez(url) == 200
+        started = time.monotonic()
+
+        async def dead() -> bool:
+            return await livez(url) == 503
+
+        await wait_until_async(dead, timeout=dead_after + 2, what="/livez 503 on a wedged loop")
+        assert time.monotonic() - started <= dead_after + 2
+        status, text = await get(url + "/livez?verbose")
+        assert status == 503
+        assert "[-]discovery:wedged failed: discovery loop wedged made no progress" in text
+        assert f"(bound {dead_after:g}s)" in text
+        assert await get(url + "/readyz") == (200, "ok\n")
+
+
+async def test_a_crashed_discovery_loop_fails_liveness_at_once_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="headcount.app")
+    async with in_process_router(CrashingSource(), dead_after=3600) as url:
+        await wait_until(lambda: caplog.records, timeout=2, what="the error log line")
+        status, text = await get(url + "/livez?verbose")
+        assert status == 503
+        assert "[-]discovery:crashing failed: discovery loop crashing has stopped" in text
+    (record,) = [r for r in caplog.records if r.name == "headcount.app"]
+    message = record.getMessage()
+    assert record.levelno == logging.ERROR
+    assert "crashing stopped" in message
+    assert "RuntimeError('watch decoder bug')" in message
+    assert "/livez now fails" in message
+    assert record.exc_info is not None
