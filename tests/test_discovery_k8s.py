@@ -10,6 +10,7 @@ own at kube.py to feed it watch streams the emulator would never send.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -101,6 +102,7 @@ async def pod_discovery(
     *,
     idle_timeout: float = 5.0,
     request_timeout: float = 2.0,
+    timing: ReflectorTiming = FAST,
 ) -> AsyncIterator[tuple[PodSource, Fleet]]:
     """A synced PodSource over the emulator, selecting `app=vllm`."""
     fleet = Fleet()
@@ -108,7 +110,7 @@ async def pod_discovery(
         pods = lister_watcher(
             client, "pods", idle_timeout=idle_timeout, request_timeout=request_timeout
         )
-        source = PodSource(fleet, pods, engine_port=8000, label_selector="app=vllm", timing=FAST)
+        source = PodSource(fleet, pods, engine_port=8000, label_selector="app=vllm", timing=timing)
         async with running(source):
             await wait_until(lambda: source.status.watch_connected, what="sync and watch")
             yield source, fleet
@@ -194,6 +196,22 @@ async def test_a_pod_deleted_while_blind_is_gone_soon_after_the_api_returns(
         await wait_until(lambda: source.status.last_error is None, what="recovery")
 
 
+async def test_the_api_coming_back_cuts_a_long_back_off_short(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    """Time to truth is about the reachability poll, not the rest of a 20 s back-off."""
+    slow = dataclasses.replace(FAST, backoff_initial=20.0, backoff_max=20.0)
+    api.apply_pod(make_pod("stays", labels=ENGINE, ip="10.0.0.1"))
+    api.apply_pod(make_pod("deleted-while-blind", labels=ENGINE, ip="10.0.0.2"))
+    async with pod_discovery(api, tmp_path, timing=slow) as (source, fleet):
+        await api.refuse()
+        await wait_until(lambda: source.status.last_error, what="the loop noticing")
+        api.delete_pod("default", "deleted-while-blind")
+        await asyncio.sleep(1.0)  # the blind period of the scenario
+        await api.restore()
+        await wait_until(lambda: names(fleet) == {"default/stays"}, timeout=1.0)
+
+
 class ReconnectingWithoutRelist(Reflector):
     """The incident: after a lost watch, reconnect from now and never LIST again."""
 
@@ -203,7 +221,7 @@ class ReconnectingWithoutRelist(Reflector):
         try:
             return await self._watch("")
         except Exception as exc:
-            await self._failed(exc)
+            await self._failed(exc, seen_down=False)
             return "error"
 
 

@@ -107,6 +107,11 @@ class FakeListerWatcher:
             else:
                 yield step
 
+    async def reachable(self) -> bool:
+        """Never answers: back-off tests see the whole back-off."""
+        await asyncio.Event().wait()
+        return True
+
     def kinds(self) -> list[str]:
         return [call[0] for call in self.calls]
 

@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
 from headcount import __version__
@@ -49,6 +50,7 @@ from headcount.discovery.reflector import (
     WatchEvent,
     WatchExpired,
     WatchIdle,
+    gc_paused,
 )
 from headcount.discovery.services import ServiceSource
 from headcount.discovery.source import DiscoverySource, SourceStatus
@@ -180,7 +182,8 @@ class KubeListerWatcher:
                     body = await response.read()
                 finally:
                     response.release()
-        return _parse_list(body, what)
+        with gc_paused():
+            return _parse_list(body, what)
 
     @asynccontextmanager
     async def watch(
@@ -208,6 +211,26 @@ class KubeListerWatcher:
         finally:
             await events.aclose()
             response.close()
+
+    async def reachable(self) -> bool:
+        """`GET /version` answers (any status) within the connect timeout."""
+        timeout = aiohttp.ClientTimeout(total=self._connect_timeout)
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                response: aiohttp.ClientResponse = await self._api.call_api(
+                    "/version",
+                    "GET",
+                    header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _request_timeout=timeout,
+                )
+        except ApiException:
+            return True
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+        response.close()
+        return True
 
     async def _open(
         self, query: _Query, timeout: aiohttp.ClientTimeout, what: str

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -62,10 +63,11 @@ def pod_to_spec(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec
 
 def _engine_url(host: str, port: int) -> str:
     """`http://host:port` for an IP (IPv6 in brackets); raises ValueError for a non-IP."""
-    address = ipaddress.ip_address(host)
-    if address.version == 6:
-        return f"http://[{address}]:{port}"
-    return f"http://{address}:{port}"
+    try:
+        socket.inet_pton(socket.AF_INET, host)
+    except OSError:
+        return f"http://[{ipaddress.IPv6Address(host)}]:{port}"
+    return f"http://{host}:{port}"
 
 
 def _is_ready(status: Mapping[str, Any]) -> bool:
