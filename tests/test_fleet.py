@@ -146,3 +146,23 @@ def test_not_ready_engine_from_its_source_is_not_routed() -> None:
     assert fleet.snapshot.by_id["uid-a"].state is EngineState.NOT_READY
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS))
     assert not fleet.snapshot.by_id["uid-a"].routable
+
+
+def test_a_probe_that_only_changes_load_updates_it_in_place_without_a_rebuild() -> None:
+    fleet = ready_fleet("a")
+    before = fleet.snapshot
+    fleet.apply_probe(
+        "uid-a", ProbeResult(ok=True, cards=CARDS, running=3, waiting=4, kv_usage=0.5)
+    )
+    after = fleet.snapshot
+    assert after is before, "scraped load must not cost a snapshot rebuild"
+    load = after.by_id["uid-a"].load
+    assert (load.running, load.waiting, load.kv_usage) == (3, 4, 0.5)
+
+
+def test_a_probe_that_changes_what_an_engine_serves_rebuilds_the_snapshot() -> None:
+    fleet = ready_fleet("a")
+    before = fleet.snapshot
+    fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=(*CARDS, {"id": "new", "parent": "m"})))
+    assert fleet.snapshot is not before
+    assert [e.id for e in fleet.snapshot.candidates("new")] == ["uid-a"]

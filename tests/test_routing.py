@@ -23,10 +23,8 @@ REQUEST = RequestFeatures(model="m")
 def engine(name: str, *, in_flight: int = 0, running: float = 0, waiting: float = 0) -> Engine:
     return Engine(
         spec=EngineSpec(id=name, name=name, url=f"http://{name}", source="t"),
-        load=EngineLoad(in_flight=in_flight),
+        load=EngineLoad(in_flight=in_flight, running=running, waiting=waiting),
         state=EngineState.READY,
-        running=running,
-        waiting=waiting,
     )
 
 

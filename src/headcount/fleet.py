@@ -11,7 +11,6 @@ one rebuild. Removing an engine drops every piece of per-engine state with it.
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -68,11 +67,20 @@ class EngineSpec:
 
 @dataclass(slots=True)
 class EngineLoad:
-    """Hot-path counters, mutated in place by the proxy; released in `finally`, never reset."""
+    """What changes per request or per probe, mutated in place so no snapshot is rebuilt.
+
+    The proxy holds `in_flight` (released in `finally`, never reset) and counts
+    `requests` and `failures`; the prober writes the scraped gauges. One object
+    lives as long as its engine, shared by every snapshot that holds the engine.
+    """
 
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
+    running: float = 0.0
+    """Scraped `vllm:num_requests_running`: every router's traffic, not only ours."""
+    waiting: float = 0.0
+    kv_usage: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +103,7 @@ class Engine:
     load: EngineLoad
     state: EngineState = EngineState.PENDING
     cards: tuple[Mapping[str, Any], ...] = ()
-    running: float = 0.0
-    waiting: float = 0.0
-    kv_usage: float | None = None
     probe_failures: int = 0
-    last_probe: float | None = None
     last_error: str | None = None
 
     @property
@@ -200,13 +204,10 @@ FleetListener = Callable[[FleetChange], None]
 class Fleet:
     """Owns engine state; every write goes through here, every read through `snapshot`."""
 
-    def __init__(
-        self, *, unhealthy_after: int = 2, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, *, unhealthy_after: int = 2) -> None:
         """`unhealthy_after`: consecutive failed probes before a READY engine leaves rotation."""
         self._engines: dict[str, Engine] = {}
         self._unhealthy_after = unhealthy_after
-        self._clock = clock
         self._listeners: list[FleetListener] = []
         self._version = 0
         self._snapshot = Snapshot((), 0)
@@ -268,17 +269,18 @@ class Fleet:
         engine = self._engines.get(engine_id)
         if engine is None:
             return
-        now = self._clock()
         if result.ok:
+            load = engine.load
+            load.running, load.waiting, load.kv_usage = (
+                result.running,
+                result.waiting,
+                result.kv_usage,
+            )
             updated = replace(
                 engine,
                 state=_healthy_state(engine.spec),
                 cards=result.cards,
-                running=result.running,
-                waiting=result.waiting,
-                kv_usage=result.kv_usage,
                 probe_failures=0,
-                last_probe=now,
                 last_error=None,
             )
         else:
@@ -286,14 +288,9 @@ class Fleet:
             state = engine.state
             if engine.state is EngineState.PENDING or failures >= self._unhealthy_after:
                 state = EngineState.UNHEALTHY
-            updated = replace(
-                engine,
-                state=state,
-                probe_failures=failures,
-                last_probe=now,
-                last_error=result.error,
-            )
-        self._store(updated)
+            updated = replace(engine, state=state, probe_failures=failures, last_error=result.error)
+        if updated != engine:
+            self._store(updated)
 
     def eject(self, engine_id: str, reason: str) -> None:
         """Take an engine out of rotation until its next successful probe (passive health)."""

@@ -116,7 +116,8 @@ class LeastLoaded:
         best_score = 0.0
         for offset in range(count):
             engine = candidates[(start + offset) % count]
-            score = engine.load.in_flight + engine.running + engine.waiting
+            load = engine.load
+            score = load.in_flight + load.running + load.waiting
             if best is None or score < best_score:
                 best, best_score = engine, score
         return best
