@@ -30,6 +30,7 @@ import aiohttp
 
 from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver
 from headcount.sim.engine import EngineSimConfig, SimEngine, start_engine
+from headcount.sim.loopback import free_port_on_all
 
 __all__ = [
     "NAMESPACE",
@@ -71,28 +72,6 @@ _CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=3)
 def hosts(prefix: str, count: int) -> list[str]:
     """`count` loopback addresses: `hosts("127.0.1", 3)` is 127.0.1.1 to 127.0.1.3."""
     return [f"{prefix}.{n}" for n in range(1, count + 1)]
-
-
-def _free_port_on_all(addresses: Iterable[str]) -> int:
-    """A port free on every one of `addresses` (engines share one port, like pods)."""
-    addresses = list(addresses)
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((addresses[0], 0))
-            port: int = probe.getsockname()[1]
-        sockets: list[socket.socket] = []
-        try:
-            for address in addresses:
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind((address, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no port free on all engine addresses")
 
 
 def _is_engine_pod(pod: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
@@ -190,7 +169,7 @@ async def sim_cluster(
     tmp_path: Path, addresses: Iterable[str], *, bookmark_interval: float = 0.5
 ) -> AsyncIterator[SimCluster]:
     """An emulator and an engine port free on all `addresses`; engines stop on exit."""
-    port = _free_port_on_all(addresses)
+    port = free_port_on_all(addresses)
     async with running_apiserver(ApiServerSimConfig(bookmark_interval=bookmark_interval)) as api:
         cluster = SimCluster(api, port, api.kubeconfig(tmp_path / "kubeconfig", NAMESPACE))
         try:

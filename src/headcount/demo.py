@@ -34,6 +34,7 @@ from rich.text import Text
 
 from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver
 from headcount.sim.engine import EngineSimConfig, SimEngine, start_engine
+from headcount.sim.loopback import free_port_on_all
 
 __all__ = ["run_demo"]
 
@@ -62,27 +63,6 @@ class _View:
 
     def say(self, line: str) -> None:
         self.story.append(f"{time.strftime('%H:%M:%S')}  {line}")
-
-
-def _free_port_on_all(hosts: tuple[str, ...]) -> int:
-    """A port free on every one of `hosts` (engines share one port, like pods)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port: int = probe.getsockname()[1]
-        sockets = []
-        try:
-            for host in hosts:
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind((host, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no port free on all engine addresses")
 
 
 async def _send(session: aiohttp.ClientSession, url: str, stream: bool, traffic: _Traffic) -> None:
@@ -217,7 +197,7 @@ def _ready_count(view: _View) -> int:
 
 @contextlib.asynccontextmanager
 async def _cluster() -> AsyncIterator[tuple[ApiServerSim, list[SimEngine], int]]:
-    port = _free_port_on_all(ENGINE_HOSTS)
+    port = free_port_on_all(ENGINE_HOSTS)
     async with running_apiserver(ApiServerSimConfig(bookmark_interval=1.0)) as api:
         engines = [
             await start_engine(

@@ -1,0 +1,34 @@
+"""Loopback addresses for simulated pods: one IP per pod, one port shared by all.
+
+A pod's engine URL is `http://<podIP>:<engine port>`, so simulated engines
+listen on distinct loopback addresses (Linux routes all of 127.0.0.0/8 to
+`lo`) and on the same port, as real pods do.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+__all__ = ["free_port_on_all"]
+
+
+def free_port_on_all(addresses: Sequence[str], *, attempts: int = 50) -> int:
+    """A TCP port that was free a moment ago on every one of `addresses`."""
+    for _ in range(attempts):
+        with socket.socket() as probe:
+            probe.bind((addresses[0], 0))
+            port: int = probe.getsockname()[1]
+        sockets: list[socket.socket] = []
+        try:
+            for address in addresses:
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind((address, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no port free on all of {', '.join(addresses)}")
