@@ -15,7 +15,7 @@ import signal
 from collections.abc import Sequence
 
 from headcount.admin import AdminApp
-from headcount.config import DiscoveryMode, Settings
+from headcount.config import ConfigError, DiscoveryMode, Settings
 from headcount.discovery.source import DiscoverySource
 from headcount.discovery.static import StaticSource
 from headcount.fleet import Fleet
@@ -65,12 +65,18 @@ class Router:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain and return."""
         server_settings = self.settings.server
+        try:
+            server = await start_server(self.proxy, server_settings.host, server_settings.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {server_settings.host}:{server_settings.port}: "
+                f"{exc.strerror or exc}"
+            ) from None
         for source in self.sources:
             task = asyncio.create_task(source.run(), name=source.status.name)
             task.add_done_callback(self._on_source_done)
             self._source_tasks[source.status.name] = task
         prober = asyncio.create_task(self.prober.run(), name="prober")
-        server = await start_server(self.proxy, server_settings.host, server_settings.port)
         grpc_health = None
         if server_settings.grpc_health_port is not None:
             grpc_health = GrpcHealthServer(
@@ -85,7 +91,12 @@ class Router:
         )
         try:
             if grpc_health is not None:
-                port = await grpc_health.start()
+                try:
+                    port = await grpc_health.start()
+                except OSError as exc:
+                    raise ConfigError(
+                        f"--grpc-health-port {server_settings.grpc_health_port}: {exc}"
+                    ) from None
                 log.info("gRPC health (grpc.health.v1) on %s:%d", server_settings.host, port)
             await stop.wait()
             await self._drain(server)

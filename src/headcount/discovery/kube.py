@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -126,8 +127,17 @@ async def _from_kubeconfig(paths: str) -> KubeConfig:
         loader = await k8s_config.load_kube_config(
             config_file=paths, client_configuration=configuration, persist_config=False
         )
-    except (k8s_config.ConfigException, OSError, ValueError) as exc:
-        raise ConfigError(f"kubeconfig {paths}: {exc}") from None
+    except (
+        k8s_config.ConfigException,
+        OSError,
+        ValueError,
+        yaml.YAMLError,
+        TypeError,
+        KeyError,
+        AttributeError,
+    ) as exc:
+        reason = str(exc).replace("\n", " ") or type(exc).__name__
+        raise ConfigError(f"kubeconfig {paths} cannot be used: {reason}") from None
     context = (loader.current_context or {}).get("context") or {}
     return KubeConfig(configuration, context.get("namespace") or "default", paths)
 
