@@ -35,7 +35,9 @@ from headcount.config import (
     ServerSettings,
     Settings,
 )
-from headcount.discovery.source import SourceStatus
+from headcount.discovery.pods import PodSource
+from headcount.discovery.reflector import KubeObject, WatchEvent
+from headcount.discovery.source import DiscoverySource, SourceStatus
 from headcount.fleet import Fleet
 from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
@@ -282,10 +284,29 @@ class CrashingSource:
         raise RuntimeError("watch decoder bug")
 
 
+class WatchWithoutTimeout:
+    """A `ListerWatcher` whose LIST works and whose WATCH hangs on connect, with no timeout."""
+
+    async def list(self, label_selector: str) -> tuple[list[KubeObject], str]:
+        return [], "1"
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self, resource_version: str, timeout_seconds: int, label_selector: str
+    ) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        await asyncio.Event().wait()
+        yield self._nothing()
+
+    async def _nothing(self) -> AsyncIterator[WatchEvent]:
+        return
+        yield
+
+    async def reachable(self) -> bool:
+        return True
+
+
 @contextlib.asynccontextmanager
-async def in_process_router(
-    source: WedgedSource | CrashingSource, *, dead_after: float
-) -> AsyncIterator[str]:
+async def in_process_router(source: DiscoverySource, *, dead_after: float) -> AsyncIterator[str]:
     """A `Router` on a free port with `source` as its only discovery; yields its URL."""
     port = free_port()
     settings = Settings(
@@ -331,6 +352,21 @@ async def test_a_wedged_discovery_loop_fails_liveness_within_the_bound() -> None
         assert status == 503
         assert "[-]discovery:wedged failed: discovery loop wedged made no progress" in text
         assert f"(bound {dead_after:g}s)" in text
+        assert await get(url + "/readyz") == (200, "ok\n")
+
+
+async def test_a_real_reflector_hung_on_a_call_without_timeout_fails_liveness() -> None:
+    dead_after = 1.5
+    source = PodSource(Fleet(), WatchWithoutTimeout(), engine_port=8000, name="hung")
+    async with in_process_router(source, dead_after=dead_after) as url:
+
+        async def dead() -> bool:
+            return await livez(url) == 503
+
+        await wait_until_async(dead, timeout=dead_after + 2, what="/livez 503 on a hung reflector")
+        status, text = await get(url + "/livez?verbose")
+        assert status == 503
+        assert "[-]discovery:hung failed: discovery loop hung made no progress" in text
         assert await get(url + "/readyz") == (200, "ok\n")
 
 
