@@ -51,6 +51,9 @@ class _Traffic:
     sent: int = 0
     ok: int = 0
     failed: int = 0
+    """No answer, or an error status: what failover exists to prevent."""
+    cut: int = 0
+    """Answers an engine had begun and then died in: never retried, by design."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -75,7 +78,11 @@ async def _send(session: aiohttp.ClientSession, url: str, stream: bool, traffic:
     traffic.sent += 1
     try:
         async with session.post(url + "/v1/chat/completions", json=body) as response:
-            payload = await response.read()
+            try:
+                payload = await response.read()
+            except aiohttp.ClientPayloadError:
+                traffic.cut += 1
+                return
             if response.status == 200 and (not stream or payload.endswith(b"data: [DONE]\n\n")):
                 traffic.ok += 1
                 return
@@ -139,7 +146,8 @@ def _render(view: _View, traffic: _Traffic) -> Group:
         f"   relist removals: {source.get('removed_by_relist')}",
     )
     counts = Text(
-        f"requests sent {traffic.sent}   ok {traffic.ok}   failed {traffic.failed}",
+        f"requests sent {traffic.sent}   ok {traffic.ok}   failed {traffic.failed}"
+        f"   cut by a crashing engine {traffic.cut}",
         style="bold red" if traffic.failed else "bold",
     )
     story = Panel("\n".join(view.story[-9:]), title=f"act: {view.act}")
@@ -244,7 +252,7 @@ async def _story(
 
     view.act = "2. an engine dies before Kubernetes notices"
     await engines[1].set_fail_mode("refuse")
-    view.say("engine-b refuses connections; its pod still says Ready")
+    view.say("engine-b crashes: answers it had begun are cut; its pod still says Ready")
     await asyncio.sleep(act_seconds / 2)
     view.say("requests to engine-b fail over before the first byte; it leaves rotation")
     api.delete_pod(NAMESPACE, "engine-b")
@@ -315,6 +323,7 @@ def _summary(console: Console, traffic: _Traffic, failovers: int, truth: float |
     summary.add_row("requests sent", str(traffic.sent))
     summary.add_row("requests failed", str(traffic.failed))
     summary.add_row("failed over (before the first byte)", str(failovers))
+    summary.add_row("cut mid-answer by the crashing engine (never retried)", str(traffic.cut))
     summary.add_row(
         "time to truth after the API came back",
         f"{truth:.2f} s" if truth is not None else "never (bug)",
