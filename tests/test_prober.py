@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 
 import aiohttp
 import pytest
 
 from headcount.config import ProbeSettings
 from headcount.discovery.static import static_specs
-from headcount.fleet import EngineState, Fleet
+from headcount.fleet import EngineState, Fleet, ProbeResult
 from headcount.probe import Prober
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine, start_engine
 from tests.support import wait_until
@@ -106,3 +108,36 @@ async def test_scraped_load_reaches_the_fleet() -> None:
             task.cancel()
             for request in busy:
                 request.cancel()
+
+
+class RecordingFleet(Fleet):
+    """A fleet that notes when each engine's probe result arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probed: dict[str, list[float]] = {}
+
+    def apply_probe(self, engine_id: str, result: ProbeResult) -> None:
+        self.probed.setdefault(engine_id, []).append(time.monotonic())
+        super().apply_probe(engine_id, result)
+
+
+async def test_periodic_probes_are_spread_over_the_interval() -> None:
+    interval = 1.0
+    async with AsyncExitStack() as stack:
+        engines = [
+            await stack.enter_async_context(running_engine(EngineSimConfig())) for _ in range(8)
+        ]
+        fleet = RecordingFleet()
+        fleet.reconcile("static", static_specs([engine.url for engine in engines]))
+        task = await probing(fleet, ProbeSettings(interval=interval, timeout=0.5))
+        try:
+            await wait_until(
+                lambda: all(len(fleet.probed.get(e.url, ())) >= 2 for e in engines),
+                timeout=5,
+                what="a periodic round after the first probe",
+            )
+        finally:
+            task.cancel()
+        second_round = sorted(fleet.probed[e.url][1] for e in engines)
+        assert second_round[-1] - second_round[0] > interval / 2, second_round

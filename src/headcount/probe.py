@@ -1,6 +1,7 @@
 """Engine probes: what each engine serves (`/v1/models`) and how busy it is (`/metrics`).
 
-The prober probes every engine on an interval and, through a fleet
+The prober probes every engine once per interval, spread evenly over it so
+the data plane never meets a burst of probes, and, through a fleet
 subscription, new and changed engines at once. Probes run concurrently under a
 bound, each with a timeout, and never more than one at a time per engine, so a
 hung engine costs one timeout and N unreachable engines cost about one timeout,
@@ -94,13 +95,23 @@ class Prober:
             self._probe_ids(tuple(self._fleet.snapshot.by_id))
             try:
                 while True:
-                    await asyncio.sleep(self._settings.interval)
-                    self._probe_ids(tuple(self._fleet.snapshot.by_id))
+                    await self._probe_round()
             finally:
                 self._session = None
                 for task in self._probing.values():
                     task.cancel()
                 await asyncio.gather(*self._probing.values(), return_exceptions=True)
+
+    async def _probe_round(self) -> None:
+        """Probe every engine once, spread evenly over the interval: no probe storms."""
+        engine_ids = tuple(self._fleet.snapshot.by_id)
+        if not engine_ids:
+            await asyncio.sleep(self._settings.interval)
+            return
+        step = self._settings.interval / len(engine_ids)
+        for engine_id in engine_ids:
+            await asyncio.sleep(step)
+            self._probe_ids((engine_id,))
 
     def _on_fleet_change(self, change: FleetChange) -> None:
         if self._session is not None and change.to_probe:
