@@ -212,3 +212,27 @@ async def test_a_stream_longer_than_the_drain_timeout_is_cut_and_the_process_exi
         assert not body.endswith(b"data: [DONE]\n\n")
         assert len(content_of(body)[1]) < 200
         await wait_until(lambda: "drain timeout 1s: closing 1 requests" in router.log())
+
+
+async def test_a_second_signal_skips_the_rest_of_the_drain() -> None:
+    drain_delay, drain_timeout = 20.0, 20.0
+    async with (
+        slow_engine() as engine,
+        router_before(engine, drain_delay=drain_delay, drain_timeout=drain_timeout) as router,
+    ):
+        assert router.process is not None
+        stream = Stream(router.url, tokens=400)
+        await asyncio.wait_for(stream.started.wait(), 5)
+        router.process.send_signal(signal.SIGTERM)
+
+        async def draining() -> bool:
+            return await router.status_of("/readyz") == 503
+
+        await wait_until_async(draining, timeout=5, what="the first signal taken")
+        router.process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert await exit_code(router, timeout=EXIT_MARGIN + 2) == 0, router.log()
+        assert time.monotonic() - started < EXIT_MARGIN + 2
+        assert "asked again to stop: closing 1 requests now" in router.log()
+        await stream.finished(5)
+        assert not stream.body.endswith(b"data: [DONE]\n\n")

@@ -62,8 +62,8 @@ class Router:
     def _dead_sources(self) -> set[str]:
         return {name for name, task in self._source_tasks.items() if task.done()}
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set, then drain and return."""
+    async def run(self, stop: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
+        """Serve until `stop` is set, then drain and return; `hurry` set cuts the drain short."""
         server_settings = self.settings.server
         try:
             server = await start_server(self.proxy, server_settings.host, server_settings.port)
@@ -99,7 +99,7 @@ class Router:
                     ) from None
                 log.info("gRPC health (grpc.health.v1) on %s:%d", server_settings.host, port)
             await stop.wait()
-            await self._drain(server)
+            await self._drain_unless_hurried(server, hurry or asyncio.Event())
         finally:
             server.close()
             if grpc_health is not None:
@@ -108,6 +108,18 @@ class Router:
                 task.cancel()
             await asyncio.gather(*self._source_tasks.values(), prober, return_exceptions=True)
             await self.proxy.close()
+
+    async def _drain_unless_hurried(self, server: asyncio.Server, hurry: asyncio.Event) -> None:
+        drain = asyncio.ensure_future(self._drain(server))
+        hurried = asyncio.ensure_future(hurry.wait())
+        try:
+            await asyncio.wait((drain, hurried), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurried.cancel()
+        if not drain.done():
+            log.warning("asked again to stop: closing %d requests now", self.proxy.in_flight)
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
 
     async def _drain(self, server: asyncio.Server) -> None:
         health = self.settings.health
@@ -148,11 +160,15 @@ async def build_sources(settings: Settings, fleet: Fleet) -> list[DiscoverySourc
 
 
 async def serve(settings: Settings) -> None:
-    """Run a router until SIGTERM or SIGINT."""
-    stop = asyncio.Event()
+    """Run a router until SIGTERM or SIGINT; a second signal skips what is left of the drain."""
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after)
     router = Router(settings, fleet, await build_sources(settings, fleet))
-    await router.run(stop)
+    await router.run(stop, hurry)
