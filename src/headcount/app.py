@@ -4,7 +4,7 @@ Nothing here decides anything; it starts the pieces, watches that the discovery
 loops stay alive (a dead loop fails `/livez` and is logged), and runs the
 shutdown sequence: on SIGTERM readiness fails at once, new requests are still
 served for `drain_delay`, then the listener closes and in-flight requests get
-up to `drain_timeout` to finish.
+up to `drain_timeout` to finish; a second signal ends the drain at once.
 """
 
 from __future__ import annotations
