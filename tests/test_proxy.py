@@ -352,6 +352,8 @@ async def test_body_over_max_body_size_gets_413() -> None:
         status, body, _ = await setup.post(CHAT, chat(padding="x" * 100_000))
         assert status == 413
         assert_openai_error(body, "request_too_large")
+        counted = setup.sample("headcount_requests_total", model="unknown", code="413")
+        assert counted == 1, "requests refused by the HTTP layer are counted too"
 
 
 async def test_known_model_without_routable_engine_gets_503_naming_it() -> None:

@@ -22,9 +22,12 @@ from prometheus_client.metrics_core import Metric
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "UNKNOWN_MODEL", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+UNKNOWN_MODEL = "unknown"
+"""The `model` label of requests whose model is unknown: client input must not mint series."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -87,6 +90,10 @@ class Metrics:
         duration_hist.observe(duration)
         if ttfb is not None:
             ttfb_hist.observe(ttfb)
+
+    def rejected(self, code: int) -> None:
+        """A request the HTTP layer refused before it was read whole (400, 413, 431...)."""
+        self._requests.labels(UNKNOWN_MODEL, str(code)).inc()
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()

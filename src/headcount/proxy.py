@@ -60,7 +60,7 @@ from headcount._http.upstream import ResponseHead, UpstreamConnection, UpstreamP
 from headcount._http.wire import HOP_BY_HOP, JSON_HEADER, connection_tokens, error_body
 from headcount.config import ProxySettings
 from headcount.fleet import Engine, Fleet, FleetChange, Snapshot
-from headcount.metrics import Metrics
+from headcount.metrics import UNKNOWN_MODEL, Metrics
 from headcount.routing import Policy, RequestFeatures
 
 __all__ = ["LocalHandler", "LocalRequest", "LocalResponse", "Proxy", "start_server"]
@@ -103,9 +103,7 @@ _FAILOVER_STATUSES = frozenset({502, 503})
 _FAILOVER_REASONS = {status: f"http_{status}" for status in _FAILOVER_STATUSES}
 _CLIENT_CLOSED = 499
 """Recorded in metrics when the client leaves first (nginx's convention); never sent."""
-_UNKNOWN_MODEL = "unknown"
-"""Metric label for requests whose model no engine serves: client input must not mint series."""
-_UNLABELLED = RequestFeatures(_UNKNOWN_MODEL)
+_UNLABELLED = RequestFeatures(UNKNOWN_MODEL)
 
 
 def _error(status: int, message: str, error_type: str, code: str) -> tuple[int, bytes]:
@@ -193,7 +191,9 @@ class Proxy:
     def protocol(self, loop: asyncio.AbstractEventLoop) -> HttpServerProtocol:
         """A protocol for one client connection (the factory `start_server` uses)."""
         self._loop = loop
-        return HttpServerProtocol(self.handle, self.limits, self._connections, loop)
+        return HttpServerProtocol(
+            self.handle, self.limits, self._connections, loop, self.metrics.rejected
+        )
 
     def _attach_server(self, server: asyncio.Server) -> None:
         self._servers.append(server)
@@ -267,7 +267,7 @@ class Proxy:
         responder: Responder,
         error: tuple[int, bytes],
         started: float,
-        label: str = _UNKNOWN_MODEL,
+        label: str = UNKNOWN_MODEL,
     ) -> None:
         status, body = error
         request_id = _header(request.headers, b"x-request-id") or self._new_request_id()
@@ -630,11 +630,11 @@ def _unroutable(snapshot: Snapshot, model: str) -> tuple[tuple[int, bytes], str]
     if not snapshot.is_known(model):
         if snapshot.routable:
             message = f"The model `{model}` does not exist."
-            return _error(404, message, "invalid_request_error", "model_not_found"), _UNKNOWN_MODEL
+            return _error(404, message, "invalid_request_error", "model_not_found"), UNKNOWN_MODEL
         total = len(snapshot.engines)
         why = f"none of the fleet's {total} engine(s) is ready" if total else "the fleet is empty"
         message = f"no engine available for model `{model}`: {why}"
-        return _error(503, message, "service_unavailable", "no_engine_available"), _UNKNOWN_MODEL
+        return _error(503, message, "service_unavailable", "no_engine_available"), UNKNOWN_MODEL
     serving = [
         engine
         for engine in snapshot.engines

@@ -218,6 +218,7 @@ class HttpServerProtocol(asyncio.Protocol):
         "_loop",
         "_method",
         "_no_body",
+        "_on_rejected",
         "_parser",
         "_queue",
         "_read_paused",
@@ -238,8 +239,11 @@ class HttpServerProtocol(asyncio.Protocol):
         limits: ServerLimits,
         registry: ConnectionRegistry,
         loop: asyncio.AbstractEventLoop,
+        on_rejected: Callable[[int], None] | None = None,
     ) -> None:
+        """`on_rejected(status)` hears of each request this layer answers itself (400, 413...)."""
         self._handler = handler
+        self._on_rejected = on_rejected
         self._limits = limits
         self._registry = registry
         self._loop = loop
@@ -601,6 +605,8 @@ class HttpServerProtocol(asyncio.Protocol):
 
     def _stop(self, response: bytes) -> None:
         """Parse nothing more: answer what came before, then `response`, then close."""
+        if response and self._on_rejected is not None:
+            self._on_rejected(int(response[9:12]))
         self._stopped = True
         self._in_message = False
         self._in_head = False
