@@ -39,14 +39,15 @@ class Router:
         self.settings = settings
         self.fleet = fleet
         self.sources = list(sources)
-        self.metrics = Metrics(lambda: fleet.snapshot, [source.status for source in self.sources])
+        statuses = [source.status for source in self.sources]
+        self.metrics = Metrics(lambda: fleet.snapshot, statuses)
         self.prober = Prober(self.fleet, settings.probe)
         self.shutting_down = False
         self._source_tasks: dict[str, asyncio.Task[None]] = {}
         self.admin = AdminApp(
             self.fleet,
             self.metrics,
-            [source.status for source in self.sources],
+            statuses,
             settings.health,
             dead_sources=self._dead_sources,
             shutting_down=lambda: self.shutting_down,
