@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -57,3 +58,27 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         port = taken.getsockname()[1]
         result = serve("--backends", "http://127.0.0.1:1", "--port", str(port))
     assert_clean_error(result, f"cannot listen on 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize(
+    ("command", "ready_line"), [("sim-engine", b"listening on"), ("sim-apiserver", b"serving")]
+)
+def test_simulators_exit_cleanly_on_sigterm(command: str, ready_line: bytes) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "headcount.cli", command, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        first_line = process.stdout.readline()
+        assert ready_line in first_line, first_line
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -31,7 +31,7 @@ def _serve(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
 def _sim_engine(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from headcount.sim import engine
 
-    return engine.serve_forever(engine.config_from_args(ns))
+    return engine.serve_until_signalled(engine.config_from_args(ns))
 
 
 def _sim_apiserver(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:

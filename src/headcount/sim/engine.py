@@ -66,6 +66,7 @@ __all__ = [
     "config_from_args",
     "running_engine",
     "serve_forever",
+    "serve_until_signalled",
     "start_engine",
 ]
 
@@ -846,7 +847,8 @@ def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
     )
 
 
-async def _serve_until_signalled(config: EngineSimConfig) -> None:
+async def serve_until_signalled(config: EngineSimConfig) -> None:
+    """`serve_forever` until SIGINT or SIGTERM, then return cleanly."""
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
@@ -863,7 +865,7 @@ def _main(argv: list[str] | None = None) -> None:
     config = config_from_args(parser.parse_args(argv))
     loop_factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_serve_until_signalled(config))
+        runner.run(serve_until_signalled(config))
 
 
 if __name__ == "__main__":
