@@ -17,7 +17,7 @@ MODULES = sorted(
 
 
 def test_the_package_has_modules() -> None:
-    assert "headcount.fleet" in MODULES and "headcount.proxy" in MODULES
+    assert "headcount.fleet" in MODULES and "headcount.proxy.exchange" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

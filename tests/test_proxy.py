@@ -20,12 +20,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-import uvloop
 
+from headcount._http.local import LocalRequest, LocalResponse
 from headcount.config import ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
-from headcount.proxy import LocalRequest, LocalResponse, Proxy, start_server
+from headcount.proxy import Proxy, start_server
 from headcount.routing import Policy, RoundRobin, RoutingName, make_policy
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from tests.support import wait_until
@@ -157,37 +157,8 @@ async def test_in_flight_is_held_during_a_stream_and_released_after() -> None:
         assert setup.loads() == [(0, 1, 0)]
 
 
-async def first_chunk_delay(port: int, path: str = CHAT, requests: int = 2) -> list[float]:
-    """Seconds from sending each stream request to its first body chunk, on one connection."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    body = json.dumps(chat(stream=True, max_tokens=3)).encode()
-    request = (
-        b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
-    )
-    delays = []
-    try:
-        for _ in range(requests):
-            sent = time.monotonic()
-            writer.write(request)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-            assert b"chunked" in head.lower()
-            size = int(await asyncio.wait_for(reader.readuntil(b"\r\n"), TIMEOUT), 16)
-            await asyncio.wait_for(reader.readexactly(size + 2), TIMEOUT)
-            delays.append(time.monotonic() - sent)
-            while size:
-                size = int(await asyncio.wait_for(reader.readuntil(b"\r\n"), TIMEOUT), 16)
-                await asyncio.wait_for(reader.readexactly(size + 2), TIMEOUT)
-    finally:
-        writer.close()
-    return delays
-
-
 async def test_stream_chunks_pass_through_as_they_are_generated() -> None:
     async with routed(sim("a", token_delay=0.05)) as setup:
-        direct = (await first_chunk_delay(setup.engines[0].port, requests=1))[0]
-        through = (await first_chunk_delay(setup.port, requests=1))[0]
-        assert through < direct + 0.03
         arrivals = []
         payload = chat(stream=True, max_tokens=5)
         async with setup.session.post(setup.url + CHAT, json=payload) as response:
@@ -196,15 +167,6 @@ async def test_stream_chunks_pass_through_as_they_are_generated() -> None:
                 arrivals.append(time.monotonic() - started)
         assert len(arrivals) >= 5  # not buffered into one piece
         assert arrivals[-1] - arrivals[0] > 0.15  # spread over the generation, as sent
-
-
-async def test_second_stream_on_a_kept_alive_connection_is_not_delayed() -> None:
-    # Nagle's algorithm plus the client's delayed ACK holds a small write behind an
-    # unacknowledged one for ~40 ms on a reused connection; TCP_NODELAY prevents it.
-    async with routed(sim("a", token_delay=0.01)) as setup:
-        direct = await first_chunk_delay(setup.engines[0].port, requests=2)
-        through = await first_chunk_delay(setup.port, requests=3)
-        assert max(through[1:]) < max(direct) + 0.02, (direct, through)
 
 
 async def test_large_bodies_pass_through_byte_for_byte() -> None:
@@ -699,22 +661,6 @@ async def test_pools_of_engines_that_left_the_fleet_are_closed() -> None:
 # -- on the production event loop -----------------------------------------------------------
 
 
-async def _scenario_on_uvloop() -> None:
-    async with routed(sim("a", token_delay=0.01), sim("b", token_delay=0.01)) as setup:
-        assert (await setup.post(CHAT, chat()))[0] == 200
-        async with setup.session.post(setup.url + CHAT, json=chat(stream=True)) as response:
-            assert (await response.read()).endswith(b"data: [DONE]\n\n")
-        await asyncio.gather(*(abort_after_first_chunk(setup.port) for _ in range(20)))
-        await wait_until(setup.all_released, timeout=TIMEOUT)
-        direct = await first_chunk_delay(setup.engines[0].port, requests=2)
-        through = await first_chunk_delay(setup.port, requests=3)
-        assert max(through[1:]) < max(direct) + 0.02, (direct, through)
-
-
-def test_proxy_on_uvloop_serves_streams_and_releases_counters() -> None:
-    uvloop.run(_scenario_on_uvloop())
-
-
 @pytest.mark.parametrize(
     ("routing", "request_for"),
     [
@@ -729,7 +675,8 @@ async def test_affinity_routing_keeps_each_key_on_one_engine(
     routing: RoutingName, request_for: Any
 ) -> None:
     configs = [EngineSimConfig(name=f"e{i}") for i in range(4)]
-    async with routed(*configs, policy=make_policy(routing)) as setup:
+    policy = make_policy(routing, affinity_epsilon=SETTINGS.affinity_epsilon)
+    async with routed(*configs, policy=policy) as setup:
         served: dict[int, set[str]] = {}
         for i in range(32):
             headers, body = request_for(i)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from headcount.config import ProxySettings
 from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState
 from headcount.routing import (
     PREFIX_CHARS,
@@ -18,6 +19,7 @@ from headcount.routing import (
 )
 
 REQUEST = RequestFeatures(model="m")
+EPSILON = ProxySettings().affinity_epsilon
 
 
 def engine(name: str, *, in_flight: int = 0, running: float = 0, waiting: float = 0) -> Engine:
@@ -56,8 +58,8 @@ def test_least_loaded_breaks_ties_round_robin() -> None:
 
 
 def test_make_policy_by_name() -> None:
-    assert isinstance(make_policy(RoutingName.ROUND_ROBIN), RoundRobin)
-    assert isinstance(make_policy(RoutingName.LEAST_LOADED), LeastLoaded)
+    assert isinstance(make_policy(RoutingName.ROUND_ROBIN, affinity_epsilon=EPSILON), RoundRobin)
+    assert isinstance(make_policy(RoutingName.LEAST_LOADED, affinity_epsilon=EPSILON), LeastLoaded)
 
 
 def no_headers(name: bytes) -> bytes | None:
@@ -88,14 +90,14 @@ def test_prefix_key_reads_chat_text_in_order_and_is_bounded() -> None:
 
 def test_same_key_goes_to_the_same_engine() -> None:
     engines = tuple(engine(name) for name in "abcdef")
-    policy = make_policy(RoutingName.SESSION)
+    policy = make_policy(RoutingName.SESSION, affinity_epsilon=EPSILON)
     picks = {policy.select(engines, RequestFeatures("m", "user-42")).id for _ in range(20)}  # type: ignore[union-attr]
     assert len(picks) == 1
 
 
 def test_keys_spread_over_engines() -> None:
     engines = tuple(engine(name) for name in "abcd")
-    policy = Affinity("session", session_key)
+    policy = Affinity("session", session_key, epsilon=EPSILON)
     picks = Counter(policy.select(engines, RequestFeatures("m", f"k{i}")).id for i in range(400))  # type: ignore[union-attr]
     assert set(picks) == set("abcd")
     assert min(picks.values()) > 60
@@ -103,7 +105,7 @@ def test_keys_spread_over_engines() -> None:
 
 def test_an_engine_leaving_moves_only_its_own_keys() -> None:
     engines = tuple(engine(name) for name in "abcd")
-    policy = Affinity("session", session_key)
+    policy = Affinity("session", session_key, epsilon=EPSILON)
     keys = [f"k{i}" for i in range(200)]
     before = {k: policy.select(engines, RequestFeatures("m", k)).id for k in keys}  # type: ignore[union-attr]
     after = {k: policy.select(engines[:3], RequestFeatures("m", k)).id for k in keys}  # type: ignore[union-attr]
@@ -123,5 +125,5 @@ def test_a_hot_key_spills_over_when_its_engine_is_above_the_load_bound() -> None
 
 def test_requests_without_a_key_are_routed_least_loaded() -> None:
     engines = (engine("a", in_flight=3), engine("b"))
-    policy = make_policy(RoutingName.PREFIX)
+    policy = make_policy(RoutingName.PREFIX, affinity_epsilon=EPSILON)
     assert policy.select(engines, RequestFeatures("m")).id == "b"  # type: ignore[union-attr]

@@ -351,7 +351,7 @@ async def test_pool_bounds_idle_connections() -> None:
 
 async def test_closing_a_pool_closes_its_idle_connections() -> None:
     async with raw_engine(answering(OK_HELLO)) as engine:
-        upstreams = Upstreams(connect_timeout=1.0, read_timeout=5.0)
+        upstreams = Upstreams(connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8)
         pool = upstreams.pool("engine-1", engine.url)
         assert upstreams.pool("engine-1", engine.url) is pool
         await exchange(pool)
@@ -367,7 +367,7 @@ async def test_closing_a_pool_closes_its_idle_connections() -> None:
 
 
 async def test_a_new_url_for_the_same_engine_gets_a_new_pool() -> None:
-    upstreams = Upstreams(connect_timeout=1.0, read_timeout=5.0)
+    upstreams = Upstreams(connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8)
     first = upstreams.pool("engine-1", "http://127.0.0.1:1")
     second = upstreams.pool("engine-1", "http://127.0.0.1:2")
     assert first is not second

@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from headcount._http.local import LocalRequest, LocalResponse
 from headcount.config import HealthSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Engine, Fleet
 from headcount.health import Check, HealthReport, evaluate, render_checks
 from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.metrics import Metrics
-from headcount.proxy import LocalRequest, LocalResponse
 
 __all__ = ["AdminApp"]
 

@@ -54,7 +54,7 @@ class Router:
         )
         self.proxy = Proxy(
             self.fleet,
-            make_policy(settings.proxy.routing),
+            make_policy(settings.proxy.routing, affinity_epsilon=settings.proxy.affinity_epsilon),
             settings.proxy,
             self.metrics,
             self.admin.handle,

@@ -70,6 +70,21 @@ class ProxySettings:
     """Extra engines tried when one fails before its first response byte."""
     max_body_size: int = 32 * 1024 * 1024
     """Requests carry prompts and base64 images; 32 MiB bounds memory per request."""
+    max_header_size: int = 64 * 1024
+    """Request line plus header fields of one client request; more gets 431."""
+    client_idle_timeout: float = 75.0
+    """Idle client connections close after this; above the 60 s idle timeout of common load
+    balancers, so that they, not we, close first (no race on a reused connection)."""
+    max_pipeline: int = 16
+    """Pipelined requests parsed ahead of the one being answered before reading pauses."""
+    pool_idle_timeout: float = 4.0
+    """Idle upstream connections close after this: under uvicorn's 5 s keep-alive (vLLM's
+    server), so we close first and never send on a connection the engine is closing."""
+    pool_max_idle: int = 256
+    """Idle upstream connections kept per engine."""
+    affinity_epsilon: float = 0.25
+    """Session and prefix routing: an engine keeps its keys until its in-flight count exceeds
+    (1 + epsilon) times the mean (consistent hashing with bounded load)."""
 
 
 @dataclass(frozen=True)

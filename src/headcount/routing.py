@@ -188,7 +188,7 @@ class Affinity:
     Requests without a key are routed least-loaded.
     """
 
-    def __init__(self, name: str, key_source: KeySource, *, epsilon: float = 0.25) -> None:
+    def __init__(self, name: str, key_source: KeySource, *, epsilon: float) -> None:
         self.name = name
         self.key_source: KeySource | None = key_source
         self._epsilon = epsilon
@@ -209,11 +209,12 @@ class Affinity:
         return ranked[0]
 
 
-def make_policy(name: RoutingName) -> Policy:
+def make_policy(name: RoutingName, *, affinity_epsilon: float) -> Policy:
+    """The policy called `name`; `affinity_epsilon` bounds the load of session and prefix."""
     if name is RoutingName.LEAST_LOADED:
         return LeastLoaded()
     if name is RoutingName.SESSION:
-        return Affinity(name.value, session_key)
+        return Affinity(name.value, session_key, epsilon=affinity_epsilon)
     if name is RoutingName.PREFIX:
-        return Affinity(name.value, prompt_prefix_key)
+        return Affinity(name.value, prompt_prefix_key, epsilon=affinity_epsilon)
     return RoundRobin()

@@ -1,5 +1,9 @@
 """HTTP/1.1 for clients: one callback-driven Protocol per connection, no Task per request.
 
+One class holds one connection's whole state machine (parsing, ordering,
+framing, flow control, idle timer), kept together so the per-request path
+reads in one place; the contract with handlers is in `handler.py`.
+
 Each connection parses requests with httptools; a request is dispatched once it
 is whole (headers and body, the body at most `max_body_size`) to a
 `RequestHandler`, which answers through the connection's `Responder` face at
@@ -36,121 +40,40 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import cast
 
 import httptools
 
-from headcount._http.wire import CHUNKED_END, JSON_HEADER, REASONS, error_body
+from headcount._http.connections import ConnectionRegistry
+from headcount._http.handler import ExchangeListener, Request, RequestHandler
+from headcount._http.wire import (
+    CHUNKED_END,
+    INTERNAL_ERROR_BODY,
+    JSON_HEADER,
+    REASONS,
+    error_body,
+)
 
-__all__ = [
-    "ConnectionRegistry",
-    "ExchangeListener",
-    "HttpServerProtocol",
-    "Request",
-    "RequestHandler",
-    "Responder",
-    "ServerLimits",
-]
+__all__ = ["HttpServerProtocol", "ServerLimits"]
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """Bounds on what one client connection may send and how long it may idle."""
+    """Bounds on what one client connection may send and how long it may idle.
 
-    max_header_size: int = 64 * 1024
-    """Request line plus header fields; more gets 431."""
-    max_body_size: int = 32 * 1024 * 1024
-    """More gets 413; bodies are held whole in memory before dispatch."""
-    keepalive_timeout: float = 75.0
-    """Idle client connections close after this; above the 60 s idle timeout of common
-    load balancers, so that they, not we, close first (no race on a reused connection)."""
-    max_pipeline: int = 16
-    """Requests parsed ahead of the one being answered before reading pauses."""
-
-
-class Request:
-    """One whole request as the client sent it; header names lowercased, values as sent."""
-
-    __slots__ = (
-        "body",
-        "headers",
-        "http11",
-        "is_head",
-        "keep_alive",
-        "method",
-        "path",
-        "query",
-        "target",
-    )
-
-    def __init__(
-        self,
-        method: bytes,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        http11: bool,
-        keep_alive: bool,
-    ) -> None:
-        self.method = method
-        self.target = target
-        path, _, query = target.partition(b"?")
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.http11 = http11
-        self.keep_alive = keep_alive
-        self.is_head = method == b"HEAD"
-
-
-class ExchangeListener(Protocol):
-    """What a handler answering later hears about its client connection."""
-
-    def client_lost(self) -> None:
-        """The client went away before the response was complete; called at most once."""
-
-    def client_paused(self) -> None:
-        """The client reads slower than we write: stop producing until `client_resumed`."""
-
-    def client_resumed(self) -> None: ...
-
-
-class Responder(Protocol):
-    """How a handler answers the request it was given; each call is one socket write.
-
-    `header_block` is rendered header lines (`name: value\\r\\n` each); framing
-    (`content-length` or `transfer-encoding`) and `connection` are added here.
+    The values and the reasons for them are in `headcount.config.ProxySettings`.
     """
 
-    def respond(self, status: int, header_block: bytes, body: bytes) -> None:
-        """A whole response at once."""
-
-    def start(
-        self,
-        status: int,
-        reason: bytes,
-        header_block: bytes,
-        content_length: int | None,
-        body: bytes,
-        complete: bool,
-    ) -> None:
-        """The head and the first part of the body; `content_length` None: chunked."""
-
-    def write(self, body: bytes, complete: bool) -> None:
-        """The next part of a started response."""
-
-    def abort(self) -> None:
-        """Close the connection with the response unfinished, so the client sees it broken."""
-
-    def attach(self, listener: ExchangeListener) -> None:
-        """Hear about the client until the response is complete."""
-
-
-RequestHandler = Callable[[Request, Responder], None]
-"""Called once per request; answers through the responder now or after `attach`."""
+    max_header_size: int
+    """Request line plus header fields; more gets 431."""
+    max_body_size: int
+    """More gets 413; bodies are held whole in memory before dispatch."""
+    keepalive_timeout: float
+    """Idle client connections close after this (a request must also arrive whole within it)."""
+    max_pipeline: int
+    """Requests parsed ahead of the one being answered before reading pauses."""
 
 
 def _error_response(status: int, message: str, code: str) -> bytes:
@@ -171,9 +94,6 @@ _HEADERS_TOO_LARGE = _error_response(
 _BODY_TOO_LARGE = _error_response(413, "request body too large", "request_too_large")
 _EXPECTATION_FAILED = _error_response(
     417, "only `Expect: 100-continue` is supported", "expectation_failed"
-)
-_INTERNAL_ERROR_BODY = error_body(
-    "internal error in the router", "internal_error", "internal_error"
 )
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CLOSE_AFTER = b""
@@ -529,7 +449,7 @@ class HttpServerProtocol(asyncio.Protocol):
             if self._started:
                 self.abort()
             else:
-                self.respond(500, JSON_HEADER, _INTERNAL_ERROR_BODY)
+                self.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
 
     def _finish(self, close: bool) -> None:
         self._end_exchange()
@@ -628,50 +548,3 @@ class HttpServerProtocol(asyncio.Protocol):
             transport.close()
         else:
             self._timer = self._loop.call_at(self._idle_deadline, self._on_idle_timer)
-
-
-class ConnectionRegistry:
-    """The open client connections of a server and how many exchanges are in flight."""
-
-    __slots__ = ("_connections", "_idle", "active")
-
-    def __init__(self) -> None:
-        self._connections: set[HttpServerProtocol] = set()
-        self._idle: asyncio.Event | None = None
-        self.active = 0
-        """Requests dispatched and not yet answered (or abandoned by their client)."""
-
-    def add(self, connection: HttpServerProtocol) -> None:
-        self._connections.add(connection)
-
-    def discard(self, connection: HttpServerProtocol) -> None:
-        self._connections.discard(connection)
-
-    def exchange_done(self) -> None:
-        self.active -= 1
-        if self.active == 0 and self._idle is not None:
-            self._idle.set()
-
-    def drain(self) -> None:
-        """Close idle connections; busy ones close after their current response."""
-        for connection in list(self._connections):
-            connection.drain()
-
-    def close(self) -> None:
-        """Drop every connection, abandoning whatever is in flight."""
-        for connection in list(self._connections):
-            connection.close()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no exchange is in flight; False if `timeout` passed first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.active > 0:
-            self._idle = idle = asyncio.Event()
-            try:
-                await asyncio.wait_for(idle.wait(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                return self.active == 0
-            finally:
-                self._idle = None
-        return True

@@ -406,11 +406,10 @@ class Upstreams:
         *,
         connect_timeout: float,
         read_timeout: float,
-        idle_timeout: float = 4.0,
-        max_idle: int = 256,
+        idle_timeout: float,
+        max_idle: int,
     ) -> None:
-        """`idle_timeout` stays under uvicorn's 5 s keep-alive (vLLM's server), so we close an
-        idle connection before the engine does; `max_idle` bounds idle connections per engine."""
+        """`idle_timeout` closes an idle connection, `max_idle` bounds them per engine."""
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._idle_timeout = idle_timeout

@@ -14,6 +14,7 @@ __all__ = [
     "CHUNKED_END",
     "CRLF",
     "HOP_BY_HOP",
+    "INTERNAL_ERROR_BODY",
     "JSON_HEADER",
     "REASONS",
     "connection_tokens",
@@ -54,3 +55,7 @@ def connection_tokens(value: bytes) -> frozenset[bytes]:
 def error_body(message: str, error_type: str, code: str) -> bytes:
     """The OpenAI error shape: `{"error": {"message", "type", "code"}}`."""
     return json.dumps({"error": {"message": message, "type": error_type, "code": code}}).encode()
+
+
+INTERNAL_ERROR_BODY = error_body("internal error in the router", "internal_error", "internal_error")
+"""For a bug in the router: the client learns nothing of it but that it happened."""

@@ -1,0 +1,96 @@
+"""The contract between the HTTP server and whoever answers its requests.
+
+The server hands each whole `Request` to a `RequestHandler` with a `Responder`
+(the client connection's answering face). A handler that answers later
+`attach`es an `ExchangeListener` to hear that its client paused, resumed or left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["ExchangeListener", "Request", "RequestHandler", "Responder"]
+
+
+class Request:
+    """One whole request as the client sent it; header names lowercased, values as sent."""
+
+    __slots__ = (
+        "body",
+        "headers",
+        "http11",
+        "is_head",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "target",
+    )
+
+    def __init__(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        http11: bool,
+        keep_alive: bool,
+    ) -> None:
+        self.method = method
+        self.target = target
+        path, _, query = target.partition(b"?")
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.http11 = http11
+        self.keep_alive = keep_alive
+        self.is_head = method == b"HEAD"
+
+
+class ExchangeListener(Protocol):
+    """What a handler answering later hears about its client connection."""
+
+    def client_lost(self) -> None:
+        """The client went away before the response was complete; called at most once."""
+
+    def client_paused(self) -> None:
+        """The client reads slower than we write: stop producing until `client_resumed`."""
+
+    def client_resumed(self) -> None: ...
+
+
+class Responder(Protocol):
+    """How a handler answers the request it was given; each call is one socket write.
+
+    `header_block` is rendered header lines (`name: value\\r\\n` each); framing
+    (`content-length` or `transfer-encoding`) and `connection` are added here.
+    """
+
+    def respond(self, status: int, header_block: bytes, body: bytes) -> None:
+        """A whole response at once."""
+
+    def start(
+        self,
+        status: int,
+        reason: bytes,
+        header_block: bytes,
+        content_length: int | None,
+        body: bytes,
+        complete: bool,
+    ) -> None:
+        """The head and the first part of the body; `content_length` None: chunked."""
+
+    def write(self, body: bytes, complete: bool) -> None:
+        """The next part of a started response."""
+
+    def abort(self) -> None:
+        """Close the connection with the response unfinished, so the client sees it broken."""
+
+    def attach(self, listener: ExchangeListener) -> None:
+        """Hear about the client until the response is complete."""
+
+
+RequestHandler = Callable[[Request, Responder], None]
+"""Called once per request; answers through the responder now or after `attach`."""

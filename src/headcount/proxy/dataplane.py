@@ -1,0 +1,194 @@
+"""The data plane: accept clients, proxy inference requests, answer the rest locally.
+
+    proxy = Proxy(fleet, policy, settings.proxy, metrics, local=admin.handle)
+    server = await start_server(proxy, "0.0.0.0", 8080)
+    ...
+    proxy.begin_drain()                  # stop accepting, close idle keep-alive connections
+    await proxy.wait_idle(timeout=30)    # in-flight exchanges finish
+    await proxy.close()                  # drop what is left, close upstream pools
+
+`POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` are proxied:
+`admission.admit` picks the engine (or the error to answer), and an `Exchange`
+carries the request to its end. Every other request goes to the `LocalHandler`
+(`/v1/models`, `/engines`, health, metrics), none of which is hot.
+
+The request goes out with hop-by-hop headers dropped, `host` set to the engine
+and an `x-request-id` (the client's, or a new one), which also comes back on
+the response (`headers.py`). The answer streams back as it arrives, one client
+write per upstream read.
+
+Errors are OpenAI-shaped JSON (`errors.py`): 400 bad JSON or no `model`, 404
+unknown model, 413 body too large, 503 no routable engine, 502/504 after
+failover, 500 for a bug in the router (logged once; no stack trace reaches a
+client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Awaitable
+
+from headcount._http.connections import ConnectionRegistry
+from headcount._http.handler import Request, Responder
+from headcount._http.local import LocalHandler, serve_local
+from headcount._http.server import HttpServerProtocol, ServerLimits
+from headcount._http.upstream import Upstreams
+from headcount._http.wire import JSON_HEADER
+from headcount.config import ProxySettings
+from headcount.fleet import Fleet, FleetChange
+from headcount.metrics import Metrics
+from headcount.proxy.admission import Refused, admit
+from headcount.proxy.exchange import Exchange, ExchangeContext
+from headcount.proxy.headers import find_header, forward_headers
+from headcount.routing import Policy
+
+__all__ = ["Proxy", "start_server"]
+
+_PROXIED = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
+
+
+class Proxy:
+    """The data plane's lifecycle and dispatch; see the module docstring."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        policy: Policy,
+        settings: ProxySettings,
+        metrics: Metrics,
+        local: LocalHandler,
+    ) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self.metrics = metrics
+        self._local = local
+        self.limits = ServerLimits(
+            max_header_size=settings.max_header_size,
+            max_body_size=settings.max_body_size,
+            keepalive_timeout=settings.client_idle_timeout,
+            max_pipeline=settings.max_pipeline,
+        )
+        self.upstreams = Upstreams(
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            idle_timeout=settings.pool_idle_timeout,
+            max_idle=settings.pool_max_idle,
+        )
+        self._context = ExchangeContext(
+            fleet=fleet,
+            policy=policy,
+            upstreams=self.upstreams,
+            metrics=metrics,
+            max_failovers=settings.max_failovers,
+            spawn=self._spawn,
+        )
+        self._connections = ConnectionRegistry()
+        self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._id_prefix = os.urandom(6).hex().encode() + b"-"
+        self._ids = itertools.count(1)
+        fleet.subscribe(self._on_fleet_change)
+
+    @property
+    def in_flight(self) -> int:
+        """Client requests received and not yet answered, proxied or local."""
+        return self._connections.active
+
+    def begin_drain(self) -> None:
+        """Stop accepting; close idle client connections, the others after their response."""
+        for server in self._servers:
+            server.close()
+        self._connections.drain()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait for in-flight requests to end; False if some were left after `timeout`."""
+        return await self._connections.wait_idle(timeout)
+
+    async def close(self) -> None:
+        """Drop every client connection and upstream pool; in-flight requests are abandoned."""
+        for server in self._servers:
+            server.close()
+        self._connections.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0)  # the aborted connections' connection_lost release their upstreams
+        self.upstreams.close()
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def protocol(self, loop: asyncio.AbstractEventLoop) -> HttpServerProtocol:
+        """A protocol for one client connection (the factory `start_server` uses)."""
+        self._loop = loop
+        return HttpServerProtocol(
+            self.handle, self.limits, self._connections, loop, self.metrics.rejected
+        )
+
+    def _attach_server(self, server: asyncio.Server) -> None:
+        self._servers.append(server)
+
+    def _on_fleet_change(self, change: FleetChange) -> None:
+        if change.removed:
+            self.upstreams.drop(change.removed)
+
+    def _spawn(self, awaitable: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(awaitable)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _new_request_id(self) -> bytes:
+        return b"%s%x" % (self._id_prefix, next(self._ids))
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def handle(self, request: Request, responder: Responder) -> None:
+        """The server's `RequestHandler`: proxy inference requests, hand the rest to `local`."""
+        if request.method == b"POST" and request.path in _PROXIED:
+            self._forward(request, responder)
+        else:
+            serve_local(self._local, request, responder, self._spawn)
+
+    def _forward(self, request: Request, responder: Responder) -> None:
+        loop = self._loop or asyncio.get_running_loop()
+        started = loop.time()
+        decision = admit(request, self.fleet.snapshot, self.policy)
+        if isinstance(decision, Refused):
+            self._refuse(request, responder, decision, started)
+            return
+        line = b"POST %s HTTP/1.1\r\n" % request.target
+        tail, request_id = forward_headers(request.headers, len(request.body))
+        if request_id is None:
+            request_id = self._new_request_id()
+            tail = b"x-request-id: %s\r\n%s" % (request_id, tail)
+        wire = (line, tail, request.body)
+        exchange = Exchange(
+            self._context, responder, loop, decision.features, started, request_id, wire
+        )
+        responder.attach(exchange)
+        exchange.begin(decision.engine)
+
+    def _refuse(
+        self, request: Request, responder: Responder, refused: Refused, started: float
+    ) -> None:
+        status, body = refused.answer
+        request_id = find_header(request.headers, b"x-request-id") or self._new_request_id()
+        responder.respond(status, JSON_HEADER + b"x-request-id: %s\r\n" % request_id, body)
+        loop = self._loop or asyncio.get_running_loop()
+        self.metrics.request_done(refused.label, status, loop.time() - started, None)
+
+
+async def start_server(
+    proxy: Proxy, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048
+) -> asyncio.Server:
+    """Listen for clients; `reuse_port` lets several worker processes share the port."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: proxy.protocol(loop), host, port, reuse_port=reuse_port or None, backlog=backlog
+    )
+    proxy._attach_server(server)
+    return server

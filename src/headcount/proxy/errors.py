@@ -1,0 +1,89 @@
+"""What the proxy answers when it cannot forward: the error catalogue and why no engine fits.
+
+Every answer is OpenAI-shaped JSON (`{"error": {"message", "type", "code"}}`),
+rendered once where it is constant. `unroutable` tells apart a model nobody
+serves (404, when the fleet works) from a fleet that cannot serve right now
+(503, saying which engines exist and in what state).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from headcount._http.wire import INTERNAL_ERROR_BODY, error_body
+from headcount.fleet import Snapshot
+from headcount.metrics import UNKNOWN_MODEL
+
+__all__ = [
+    "INTERNAL_ERROR",
+    "INVALID_JSON",
+    "MISSING_MODEL",
+    "NOT_AN_OBJECT",
+    "ErrorAnswer",
+    "no_engine",
+    "unroutable",
+    "upstream_failed",
+    "upstream_timed_out",
+]
+
+
+class ErrorAnswer(NamedTuple):
+    """A status and its OpenAI-shaped JSON body."""
+
+    status: int
+    body: bytes
+
+
+def _answer(status: int, message: str, error_type: str, code: str) -> ErrorAnswer:
+    return ErrorAnswer(status, error_body(message, error_type, code))
+
+
+INVALID_JSON = _answer(
+    400, "request body is not valid JSON", "invalid_request_error", "invalid_json"
+)
+NOT_AN_OBJECT = _answer(
+    400, "request body must be a JSON object", "invalid_request_error", "invalid_request"
+)
+MISSING_MODEL = _answer(
+    400, "request body must name a `model` (a string)", "invalid_request_error", "missing_model"
+)
+INTERNAL_ERROR = ErrorAnswer(500, INTERNAL_ERROR_BODY)
+
+
+def no_engine(message: str) -> ErrorAnswer:
+    return _answer(503, message, "service_unavailable", "no_engine_available")
+
+
+def upstream_timed_out(detail: str, tried: int) -> ErrorAnswer:
+    message = f"upstream engine timed out ({detail}); tried {tried} engine(s)"
+    return _answer(504, message, "upstream_error", "upstream_timeout")
+
+
+def upstream_failed(reason: str, detail: str, tried: int) -> ErrorAnswer:
+    message = f"upstream engine failed ({reason}: {detail}); tried {tried} engine(s)"
+    return _answer(502, message, "upstream_error", "upstream_failed")
+
+
+def unroutable(snapshot: Snapshot, model: str) -> tuple[ErrorAnswer, str]:
+    """Why no engine takes `model`, and the model label to count it under.
+
+    404 if the fleet works and nobody knows the model, else 503.
+    """
+    if not snapshot.is_known(model):
+        if snapshot.routable:
+            message = f"The model `{model}` does not exist."
+            return _answer(404, message, "invalid_request_error", "model_not_found"), UNKNOWN_MODEL
+        total = len(snapshot.engines)
+        why = f"none of the fleet's {total} engine(s) is ready" if total else "the fleet is empty"
+        return no_engine(f"no engine available for model `{model}`: {why}"), UNKNOWN_MODEL
+    serving = [
+        engine
+        for engine in snapshot.engines
+        if model in engine.served or engine.spec.model_label == model
+    ]
+    states: dict[str, int] = {}
+    for engine in serving:
+        states[engine.state.value] = states.get(engine.state.value, 0) + 1
+    summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
+    message = f"no routable engine serves model `{model}` right now (engines: {summary})"
+    return no_engine(message), model

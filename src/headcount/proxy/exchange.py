@@ -1,0 +1,325 @@
+"""One proxied request from routing to its single end: attempts, failover, streaming back.
+
+Failure before the first response byte is retried on a different engine, at
+most `max_failovers` times: a connect failure (which also ejects the engine
+until a probe revives it), a connection closed before any byte, or a 502/503
+from the engine. A stale pooled connection is retried once on a fresh
+connection to the same engine, not counted as a failover. After the first byte
+nothing is retried; a broken stream closes the client connection, its chunked
+body left unterminated. Every attempt holds `engine.load.in_flight` from
+routing to its end, released at a single point (`Exchange._release`).
+
+An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from headcount._http.errors import (
+    ConnectFailed,
+    NoResponse,
+    StaleConnection,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from headcount._http.handler import Responder
+from headcount._http.upstream import ResponseHead, UpstreamConnection, UpstreamPool, Upstreams
+from headcount._http.wire import JSON_HEADER
+from headcount.fleet import Engine, Fleet
+from headcount.metrics import Metrics
+from headcount.proxy.errors import (
+    INTERNAL_ERROR,
+    ErrorAnswer,
+    upstream_failed,
+    upstream_timed_out,
+)
+from headcount.proxy.headers import response_headers
+from headcount.routing import Policy, RequestFeatures
+
+__all__ = ["CLIENT_CLOSED", "Exchange", "ExchangeContext"]
+
+_log = logging.getLogger(__name__)
+
+_FAILOVER_STATUSES = frozenset({502, 503})
+_FAILOVER_REASONS = {status: f"http_{status}" for status in _FAILOVER_STATUSES}
+CLIENT_CLOSED = 499
+"""Recorded in metrics when the client leaves first (nginx's convention); never sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeContext:
+    """What an exchange uses of the proxy, and nothing more."""
+
+    fleet: Fleet
+    """Candidates for failover (from the current snapshot) and ejection on connect failure."""
+    policy: Policy
+    upstreams: Upstreams
+    metrics: Metrics
+    max_failovers: int
+    spawn: Callable[[Awaitable[None]], asyncio.Task[None]]
+    """Runs a connect attempt as a task the proxy cancels on close."""
+
+
+class Exchange:
+    """One proxied request from routing to its single end: attempts, failover, streaming back.
+
+    It is the upstream connection's `ResponseListener` and the client connection's
+    `ExchangeListener`. Every path out goes through `_end`, and every attempt's
+    engine counter through `_release`, which forgets the engine it releases.
+    """
+
+    __slots__ = (
+        "_conn",
+        "_context",
+        "_done",
+        "_engine",
+        "_failovers",
+        "_features",
+        "_head_sent",
+        "_loop",
+        "_paused",
+        "_request_id",
+        "_responder",
+        "_stale_retried",
+        "_started",
+        "_status",
+        "_task",
+        "_tried",
+        "_ttfb",
+        "_wire",
+    )
+
+    def __init__(
+        self,
+        context: ExchangeContext,
+        responder: Responder,
+        loop: asyncio.AbstractEventLoop,
+        features: RequestFeatures,
+        started: float,
+        request_id: bytes,
+        wire: tuple[bytes, bytes, bytes],
+    ) -> None:
+        """`wire`: the request line, headers after `host` (blank line included), the body."""
+        self._context = context
+        self._responder = responder
+        self._loop = loop
+        self._features = features
+        self._started = started
+        self._request_id = request_id
+        self._wire = wire
+        self._engine: Engine | None = None
+        self._conn: UpstreamConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._tried: list[str] = []
+        self._failovers = 0
+        self._stale_retried = False
+        self._head_sent = False
+        self._paused = False
+        self._done = False
+        self._status = 0
+        self._ttfb: float | None = None
+
+    def begin(self, engine: Engine) -> None:
+        self._tried.append(engine.id)
+        self._attempt(engine, fresh=False)
+
+    # -- attempts -----------------------------------------------------------------------------
+
+    def _attempt(self, engine: Engine, fresh: bool) -> None:
+        self._engine = engine
+        load = engine.load
+        load.in_flight += 1
+        load.requests += 1
+        pool = self._context.upstreams.pool(engine.id, engine.url)
+        conn = None if fresh else pool.take()
+        if conn is None:
+            self._task = self._context.spawn(self._open(pool))
+        else:
+            self._send(conn, pool)
+
+    async def _open(self, pool: UpstreamPool) -> None:
+        try:
+            conn = await pool.connect()
+        except UpstreamError as error:
+            self._task = None
+            self.on_upstream_error(error)
+            return
+        except Exception:
+            self._task = None
+            self._crash()
+            return
+        self._task = None
+        if self._done:
+            conn.close()
+        else:
+            self._send(conn, pool)
+
+    def _send(self, conn: UpstreamConnection, pool: UpstreamPool) -> None:
+        self._conn = conn
+        line, tail, body = self._wire
+        conn.send(b"".join((line, pool.host_header, tail, body)), self)
+        if self._paused:
+            conn.pause_reading()
+
+    def _next_engine(self) -> Engine | None:
+        """Another engine for this request, if failovers remain and one is left untried."""
+        if self._failovers >= self._context.max_failovers:
+            return None
+        tried = self._tried
+        candidates = self._context.fleet.snapshot.candidates(self._features.model)
+        remaining = [engine for engine in candidates if engine.id not in tried]
+        policy = self._context.policy
+        engine = policy.select(remaining, self._features) if remaining else None
+        if engine is not None:
+            self._failovers += 1
+            tried.append(engine.id)
+        return engine
+
+    def _release(self, failed: bool) -> None:
+        """The one place an attempt gives its engine's in-flight slot back."""
+        engine = self._engine
+        if engine is None:
+            return
+        self._engine = None
+        load = engine.load
+        load.in_flight -= 1
+        if failed:
+            load.failures += 1
+
+    # -- ResponseListener ---------------------------------------------------------------------
+
+    def on_response(self, head: ResponseHead | None, body: bytes, complete: bool) -> None:
+        if self._done:
+            return
+        if complete:
+            self._conn = None  # already back in its pool: a pause while writing must not reach it
+        try:
+            if head is None:
+                self._responder.write(body, complete)
+            elif self._failed_over(head, complete):
+                return
+            else:
+                self._ttfb = self._loop.time() - self._started
+                self._status = head.status
+                self._head_sent = True
+                block = response_headers(head.headers, self._request_id)
+                self._responder.start(
+                    head.status, head.reason, block, head.content_length, body, complete
+                )
+            if complete:
+                self._release(failed=False)
+                self._end(self._status)
+        except Exception:
+            self._crash()
+
+    def _failed_over(self, head: ResponseHead, complete: bool) -> bool:
+        """An engine answering 502/503 did no work: try another, if one is left."""
+        if head.status not in _FAILOVER_STATUSES:
+            return False
+        engine = self._next_engine()
+        if engine is None:
+            return False  # the last engine's answer is the best one the client can get
+        conn = self._conn
+        self._conn = None
+        if conn is not None:  # None when the answer was complete: the connection is pooled
+            conn.cancel()
+        self._release(failed=True)
+        self._context.metrics.failover(_FAILOVER_REASONS[head.status])
+        self._attempt(engine, fresh=False)
+        return True
+
+    def on_upstream_error(self, error: UpstreamError) -> None:
+        self._conn = None
+        if self._done:
+            return
+        try:
+            self._recover(error)
+        except Exception:
+            self._crash()
+
+    def _recover(self, error: UpstreamError) -> None:
+        engine = self._engine
+        if self._head_sent:
+            self._release(failed=True)
+            self._responder.abort()
+            self._end(502)  # the client saw a status already; the metric records the failure
+            return
+        if engine is None:
+            raise RuntimeError("upstream error with no engine attempted")
+        if isinstance(error, StaleConnection) and not self._stale_retried:
+            self._stale_retried = True
+            self._release(failed=False)
+            self._attempt(engine, fresh=True)
+            return
+        self._release(failed=True)
+        if isinstance(error, ConnectFailed):
+            self._context.fleet.eject(engine.id, f"connect failed: {error}")
+        if isinstance(error, ConnectFailed | NoResponse):
+            retry = self._next_engine()
+            if retry is not None:
+                self._context.metrics.failover(error.reason)
+                self._attempt(retry, fresh=False)
+                return
+        tries = len(self._tried)
+        if isinstance(error, UpstreamTimeout):
+            self._fail(upstream_timed_out(str(error), tries))
+        else:
+            self._fail(upstream_failed(error.reason, str(error), tries))
+
+    # -- ExchangeListener ---------------------------------------------------------------------
+
+    def client_lost(self) -> None:
+        if self._done:
+            return
+        task = self._task
+        if task is not None:
+            self._task = None
+            task.cancel()
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.cancel()
+        self._release(failed=False)
+        self._end(CLIENT_CLOSED)
+
+    def client_paused(self) -> None:
+        self._paused = True
+        if self._conn is not None:
+            self._conn.pause_reading()
+
+    def client_resumed(self) -> None:
+        self._paused = False
+        if self._conn is not None:
+            self._conn.resume_reading()
+
+    # -- endings ------------------------------------------------------------------------------
+
+    def _fail(self, answer: ErrorAnswer) -> None:
+        self._responder.respond(
+            answer.status, JSON_HEADER + b"x-request-id: %s\r\n" % self._request_id, answer.body
+        )
+        self._end(answer.status)
+
+    def _crash(self) -> None:
+        _log.exception("proxying a request for model %r failed", self._features.model)
+        if self._done:
+            return
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.cancel()
+        self._release(failed=False)
+        if self._head_sent:
+            self._responder.abort()
+            self._end(500)
+        else:
+            self._fail(INTERNAL_ERROR)
+
+    def _end(self, status: int) -> None:
+        self._done = True
+        duration = self._loop.time() - self._started
+        self._context.metrics.request_done(self._features.model, status, duration, self._ttfb)

@@ -1,0 +1,122 @@
+"""Admission is a pure decision: a request and a snapshot in, an engine or an answer out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from headcount._http.handler import Request
+from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState, Snapshot
+from headcount.metrics import UNKNOWN_MODEL
+from headcount.proxy.admission import Admitted, Refused, admit
+from headcount.routing import LeastLoaded, RequestFeatures, RoundRobin, session_key
+
+
+def engine(name: str, *models: str, state: EngineState = EngineState.READY) -> Engine:
+    return Engine(
+        spec=EngineSpec(id=name, name=name, url=f"http://{name}", source="t"),
+        load=EngineLoad(),
+        state=state,
+        cards=tuple({"id": model} for model in models),
+    )
+
+
+def request(body: bytes, *headers: tuple[bytes, bytes]) -> Request:
+    return Request(b"POST", b"/v1/chat/completions", list(headers), body, True, True)
+
+
+def chat(model: object = "m") -> bytes:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def error_code(refused: Refused) -> str:
+    code: str = json.loads(refused.answer.body)["error"]["code"]
+    return code
+
+
+FLEET = Snapshot([engine("a", "m"), engine("b", "m", "m-lora")], 1)
+
+
+def test_a_request_for_a_served_model_is_admitted_to_a_candidate() -> None:
+    decision = admit(request(chat()), FLEET, RoundRobin())
+    assert isinstance(decision, Admitted)
+    assert decision.engine.id in ("a", "b")
+    assert decision.features == RequestFeatures("m", None)
+
+
+def test_an_adapter_is_admitted_only_to_the_engine_serving_it() -> None:
+    decision = admit(request(chat("m-lora")), FLEET, RoundRobin())
+    assert isinstance(decision, Admitted) and decision.engine.id == "b"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{not json", "invalid_json"),
+        (b"[1, 2]", "invalid_request"),
+        (json.dumps({"messages": []}).encode(), "missing_model"),
+        (chat(model=7), "missing_model"),
+        (chat(model=""), "missing_model"),
+    ],
+)
+def test_a_malformed_request_is_refused_with_400_under_the_unknown_label(
+    body: bytes, code: str
+) -> None:
+    decision = admit(request(body), FLEET, RoundRobin())
+    assert isinstance(decision, Refused)
+    assert decision.answer.status == 400 and error_code(decision) == code
+    assert decision.label == UNKNOWN_MODEL
+
+
+def test_a_model_nobody_serves_is_404_when_the_fleet_works() -> None:
+    decision = admit(request(chat("other")), FLEET, RoundRobin())
+    assert isinstance(decision, Refused)
+    assert decision.answer.status == 404 and error_code(decision) == "model_not_found"
+    assert decision.label == UNKNOWN_MODEL
+
+
+def test_an_empty_fleet_is_503_not_404() -> None:
+    decision = admit(request(chat()), Snapshot([], 1), RoundRobin())
+    assert isinstance(decision, Refused)
+    assert decision.answer.status == 503
+    assert "the fleet is empty" in decision.answer.body.decode()
+
+
+def test_a_known_model_with_no_routable_engine_is_503_naming_the_states() -> None:
+    snapshot = Snapshot(
+        [
+            engine("a", "m", state=EngineState.UNHEALTHY),
+            engine("b", "m", state=EngineState.UNHEALTHY),
+            engine("c", "x"),
+        ],
+        1,
+    )
+    decision = admit(request(chat()), snapshot, RoundRobin())
+    assert isinstance(decision, Refused)
+    assert decision.answer.status == 503 and decision.label == "m"
+    assert "2 unhealthy" in decision.answer.body.decode()
+
+
+def test_the_affinity_key_is_extracted_only_for_a_policy_that_asks() -> None:
+    class KeyedLeastLoaded(LeastLoaded):
+        key_source = staticmethod(session_key)
+
+    with_key = admit(request(chat(), (b"x-session-id", b"s1")), FLEET, KeyedLeastLoaded())
+    without = admit(request(chat(), (b"x-session-id", b"s1")), FLEET, LeastLoaded())
+    assert isinstance(with_key, Admitted) and with_key.features.key == "s1"
+    assert isinstance(without, Admitted) and without.features.key is None
+
+
+def test_a_policy_that_picks_nothing_gets_a_503_not_a_crash() -> None:
+    class Refusing:
+        name = "refusing"
+        key_source = None
+
+        def select(self, candidates: Sequence[Engine], request: RequestFeatures) -> None:
+            return None
+
+    decision = admit(request(chat()), FLEET, Refusing())
+    assert isinstance(decision, Refused)
+    assert decision.answer.status == 503 and decision.label == "m"
