@@ -1,0 +1,80 @@
+"""The emulator as a program: ``headcount sim-apiserver`` and ``python -m headcount.sim.apiserver``.
+
+So a router, kubectl or a benchmark in another process can talk to it; the
+``/_sim/`` API then drives it from outside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from headcount.sim.apiserver.config import ApiServerSimConfig
+from headcount.sim.apiserver.server import running_apiserver
+
+__all__ = ["add_arguments", "config_from_args", "main", "serve_forever"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``headcount sim-apiserver``."""
+    defaults = ApiServerSimConfig()
+    parser.add_argument("--host", default=defaults.host, help="address to listen on")
+    parser.add_argument("--port", type=int, default=defaults.port, help="0: any free port")
+    parser.add_argument(
+        "--kubeconfig-out", type=Path, default=None, help="write a kubeconfig for it here"
+    )
+    parser.add_argument(
+        "--bookmark-interval",
+        type=float,
+        default=defaults.bookmark_interval,
+        help="seconds between watch bookmarks",
+    )
+    parser.add_argument(
+        "--history-size",
+        type=int,
+        default=defaults.history_size,
+        help="changes kept for watches to resume from",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ApiServerSimConfig:
+    return ApiServerSimConfig(
+        host=args.host,
+        port=args.port,
+        bookmark_interval=args.bookmark_interval,
+        history_size=args.history_size,
+    )
+
+
+async def serve_forever(config: ApiServerSimConfig, kubeconfig_out: Path | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (or cancellation), printing the URL once listening."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, stop.set)
+    try:
+        async with running_apiserver(config) as sim:
+            if kubeconfig_out is not None:
+                sim.kubeconfig(kubeconfig_out)
+            where = f" (kubeconfig: {kubeconfig_out})" if kubeconfig_out is not None else ""
+            print(f"sim-apiserver serving {sim.url}{where}", flush=True)
+            await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m headcount.sim.apiserver``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m headcount.sim.apiserver", description="An emulated Kubernetes API server."
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    asyncio.run(serve_forever(config_from_args(args), args.kubeconfig_out))
