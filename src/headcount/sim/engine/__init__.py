@@ -1,0 +1,57 @@
+"""A vLLM-like inference engine on loopback, so tests, the demo and benchmarks need no GPU.
+
+It speaks the part of the OpenAI API that vLLM serves (`/v1/models` with LoRA
+adapters, chat and text completions, streamed or not, embeddings), exposes
+vLLM's Prometheus metrics computed from its real state, and fails on demand::
+
+    async with running_engine(EngineSimConfig(adapters=("sql-lora",), max_running=2)) as engine:
+        ...  # talk to engine.url
+        await engine.set_fail_mode("refuse")  # connects now get ECONNREFUSED
+        await engine.set_fail_mode("none")  # listening again, on the same port
+
+Scheduling: at most `max_running` requests generate at once (unlimited by
+default); the others wait in FIFO order. Each token takes `token_delay`
+seconds. A client that disconnects stops its generation and frees its slot.
+
+Failure modes (`FailMode`), switchable at runtime, also over `POST /sim/fail-mode`:
+
+- `none`: healthy.
+- `refuse`: the listening socket and every open connection are closed, so
+  connects get ECONNREFUSED; any other mode listens again on the same port.
+- `hang`: every non-admin endpoint (including `/health` and `/metrics`) and
+  every running stream stops answering until the mode changes.
+- `die-mid-stream`: streams send two chunks, then the connection is closed
+  without the terminating chunk; non-streaming generation requests get the
+  connection closed without a response.
+- `http-500`: every `/v1/` endpoint answers 500 with an OpenAI-shaped error;
+  `/health` and `/metrics` still answer, like an engine whose model is broken.
+
+The admin API under `/sim/` (`fail-mode`, `adapters`, `stats`) ignores every
+failure mode but `refuse`, which can only be undone in-process. Every response
+carries `x-engine-name` and echoes `x-request-id`; JSON completions also name
+the engine in `system_fingerprint`.
+
+Run alone with `python -m headcount.sim.engine --port 8100 --adapters a,b`.
+"""
+
+from headcount.sim.engine.cli import (
+    add_arguments,
+    config_from_args,
+    serve_forever,
+    serve_until_signalled,
+)
+from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig, FailMode
+from headcount.sim.engine.server import SimEngine, running_engine, start_engine
+
+__all__ = [
+    "FAIL_MODES",
+    "EngineSimConfig",
+    "FailMode",
+    "SimEngine",
+    "add_arguments",
+    "config_from_args",
+    "running_engine",
+    "serve_forever",
+    "serve_until_signalled",
+    "start_engine",
+]

@@ -1,0 +1,101 @@
+"""The engine as a program: ``headcount sim-engine`` and ``python -m headcount.sim.engine``.
+
+Benchmarks run engines as separate processes, so an engine's work never
+shares the router's process or event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Callable
+
+import uvloop
+
+from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig
+from headcount.sim.engine.server import running_engine
+
+__all__ = ["add_arguments", "config_from_args", "main", "serve_forever", "serve_until_signalled"]
+
+_DESCRIPTION = (
+    "A vLLM-like inference engine on loopback, so tests, the demo and benchmarks need no GPU."
+)
+
+
+async def serve_forever(config: EngineSimConfig) -> None:
+    """Run an engine until cancelled, announcing its URL on stdout once it listens."""
+    async with running_engine(config) as engine:
+        sys.stdout.write(f"sim-engine {engine.name} listening on {engine.url}\n")
+        sys.stdout.flush()
+        await asyncio.get_running_loop().create_future()
+
+
+def _adapter_list(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine simulator's command-line options, defaults from `EngineSimConfig`."""
+    defaults = EngineSimConfig()
+    parser.add_argument("--host", default=defaults.host, help="address to listen on")
+    parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
+    parser.add_argument("--model", default=defaults.model, help="base model name to serve")
+    parser.add_argument(
+        "--adapters", type=_adapter_list, default=defaults.adapters, help="LoRA adapters, a,b,c"
+    )
+    parser.add_argument(
+        "--token-delay", type=float, default=defaults.token_delay, help="seconds per token"
+    )
+    parser.add_argument("--fail-mode", choices=FAIL_MODES, default=defaults.fail_mode)
+    parser.add_argument(
+        "--max-running", type=int, default=defaults.max_running, help="default: no limit"
+    )
+    parser.add_argument("--name", default=defaults.name, help="default: host:port")
+    parser.add_argument(
+        "--legacy-metrics",
+        action="store_true",
+        help="expose vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc",
+    )
+    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+
+
+def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
+    """The config that `add_arguments`' parsed options describe."""
+    return EngineSimConfig(
+        host=ns.host,
+        port=ns.port,
+        model=ns.model,
+        adapters=tuple(ns.adapters),
+        token_delay=ns.token_delay,
+        fail_mode=ns.fail_mode,
+        max_running=ns.max_running,
+        name=ns.name,
+        legacy_metrics=ns.legacy_metrics,
+        max_model_len=ns.max_model_len,
+    )
+
+
+async def serve_until_signalled(config: EngineSimConfig) -> None:
+    """`serve_forever` until SIGINT or SIGTERM, then return cleanly."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await serve_forever(config)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m headcount.sim.engine``: serve on uvloop until signalled."""
+    parser = argparse.ArgumentParser(
+        prog="python -m headcount.sim.engine", description=_DESCRIPTION
+    )
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(argv))
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve_until_signalled(config))

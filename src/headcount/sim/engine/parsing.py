@@ -1,0 +1,107 @@
+"""What a request asks the engine for: OpenAI bodies parsed and checked as vLLM checks them.
+
+A malformed body or an unknown model gets vLLM's status and error type (400
+BadRequestError, 404 NotFoundError), never a generation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from headcount.sim.engine.tokens import count_words
+from headcount.sim.engine.wire import RequestError, bad_request
+
+__all__ = [
+    "Generation",
+    "Kind",
+    "embedding_inputs",
+    "parse_generation",
+    "parse_object",
+    "requested_model",
+]
+
+Kind = Literal["chat", "completion"]
+
+_DEFAULT_MAX_TOKENS = 16
+_MAX_TOKENS_CAP = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A validated chat or text completion request."""
+
+    kind: Kind
+    model: str
+    stream: bool
+    max_tokens: int
+    include_usage: bool
+    prompt_tokens: int
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+    return body
+
+
+def requested_model(body: dict[str, Any], base_model: str, served: frozenset[str]) -> str:
+    model = body.get("model", base_model)
+    if not isinstance(model, str):
+        raise bad_request("`model` must be a string")
+    if model not in served:
+        raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    return model
+
+
+def _max_tokens(body: dict[str, Any], kind: Kind) -> int:
+    value = body.get("max_completion_tokens") if kind == "chat" else None
+    if value is None:
+        value = body.get("max_tokens")
+    if value is None:
+        return _DEFAULT_MAX_TOKENS
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise bad_request("`max_tokens` must be a positive integer")
+    return min(value, _MAX_TOKENS_CAP)
+
+
+def _prompt(body: dict[str, Any], kind: Kind) -> object:
+    field = "messages" if kind == "chat" else "prompt"
+    value = body.get(field)
+    if kind == "chat" and not isinstance(value, list):
+        raise bad_request("`messages` must be a list")
+    if value is None:
+        raise bad_request(f"`{field}` is required")
+    return value
+
+
+def parse_generation(raw: bytes, kind: Kind, base_model: str, served: frozenset[str]) -> Generation:
+    body = parse_object(raw)
+    model = requested_model(body, base_model, served)
+    stream_options = body.get("stream_options")
+    return Generation(
+        kind=kind,
+        model=model,
+        stream=body.get("stream") is True,
+        max_tokens=_max_tokens(body, kind),
+        include_usage=isinstance(stream_options, dict)
+        and stream_options.get("include_usage") is True,
+        prompt_tokens=count_words(_prompt(body, kind)),
+    )
+
+
+def embedding_inputs(body: dict[str, Any]) -> list[object]:
+    value = body.get("input")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(item, int) for item in value):
+            return [value]
+        if all(isinstance(item, str | list) for item in value):
+            return value
+    raise bad_request("`input` must be a string, a list of strings or token id lists")

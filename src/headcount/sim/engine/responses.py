@@ -1,0 +1,135 @@
+"""The bodies the engine answers with, shaped as vLLM's: completions, stream chunks, embeddings.
+
+Streams are the hot path of the router's benchmarks, so a chunk is prebuilt
+bytes around a prebuilt token: two joins, no JSON encoding per token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+
+from headcount.sim.engine.parsing import Generation, Kind
+from headcount.sim.engine.tokens import TOKEN_JSON, count_words, text
+from headcount.sim.engine.wire import json_bytes
+
+__all__ = [
+    "ChunkFrames",
+    "completion_body",
+    "embeddings_body",
+    "stream_head",
+    "usage_json",
+]
+
+_EMBEDDING_DIMENSIONS = 32
+
+_ID_PREFIX: dict[Kind, str] = {"chat": "chatcmpl-", "completion": "cmpl-"}
+_OBJECT: dict[Kind, str] = {"chat": "chat.completion", "completion": "text_completion"}
+_CHUNK_OBJECT: dict[Kind, str] = {"chat": "chat.completion.chunk", "completion": "text_completion"}
+
+
+def _usage(generation: Generation) -> dict[str, int]:
+    return {
+        "prompt_tokens": generation.prompt_tokens,
+        "total_tokens": generation.prompt_tokens + generation.max_tokens,
+        "completion_tokens": generation.max_tokens,
+    }
+
+
+def usage_json(generation: Generation) -> bytes:
+    """The usage object, closing the stream's last chunk."""
+    return json_bytes(_usage(generation)) + b"}\n\n"
+
+
+def completion_body(generation: Generation, response_id: str, name: str) -> dict[str, object]:
+    """A whole (non-streamed) chat or text completion, from engine `name`."""
+    content = text(generation.max_tokens)
+    choice: dict[str, object] = {"index": 0}
+    if generation.kind == "chat":
+        choice["message"] = {"role": "assistant", "content": content, "tool_calls": []}
+    else:
+        choice["text"] = content
+    choice.update(logprobs=None, finish_reason="length", stop_reason=None)
+    return {
+        "id": _ID_PREFIX[generation.kind] + response_id,
+        "object": _OBJECT[generation.kind],
+        "created": int(time.time()),
+        "model": generation.model,
+        "system_fingerprint": name,
+        "choices": [choice],
+        "usage": _usage(generation),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFrames:
+    """Prebuilt bytes around each token of one stream, so a chunk is two joins."""
+
+    first_prefix: bytes
+    prefix: bytes
+    suffix: bytes
+    last_suffix: bytes
+
+    @classmethod
+    def build(cls, kind: Kind, head: bytes) -> ChunkFrames:
+        tail = b',"logprobs":null,"finish_reason":%s,"stop_reason":null}]}\n\n'
+        if kind == "chat":
+            return cls(
+                first_prefix=head + b'"delta":{"role":"assistant","content":',
+                prefix=head + b'"delta":{"content":',
+                suffix=b"}" + tail % b"null",
+                last_suffix=b"}" + tail % b'"length"',
+            )
+        return cls(head + b'"text":', head + b'"text":', tail % b"null", tail % b'"length"')
+
+    def chunk(self, index: int, last: bool) -> bytes:
+        prefix = self.first_prefix if index == 0 else self.prefix
+        token = TOKEN_JSON[index % len(TOKEN_JSON)]
+        return prefix + token + (self.last_suffix if last else self.suffix)
+
+    def all_chunks(self, tokens: int) -> bytes:
+        last = tokens - 1
+        return b"".join([self.chunk(index, index == last) for index in range(tokens)])
+
+
+def stream_head(generation: Generation, response_id: str, name: str) -> tuple[bytes, ChunkFrames]:
+    """What every chunk of one stream starts with (``data: {"id":...,``) and its frames."""
+    fields = {
+        "id": _ID_PREFIX[generation.kind] + response_id,
+        "object": _CHUNK_OBJECT[generation.kind],
+        "created": int(time.time()),
+        "model": generation.model,
+        "system_fingerprint": name,
+    }
+    head = b"data: " + json_bytes(fields)[:-1] + b","
+    return head, ChunkFrames.build(generation.kind, head + b'"choices":[{"index":0,')
+
+
+def _embedding(value: object) -> list[float]:
+    """A unit vector that depends only on the input."""
+    seed = value.encode() if isinstance(value, str) else json_bytes(value)
+    digest = hashlib.blake2b(seed, digest_size=_EMBEDDING_DIMENSIONS).digest()
+    raw = [byte - 127.5 for byte in digest]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return [round(x / norm, 6) for x in raw]
+
+
+def embeddings_body(
+    model: str, inputs: list[object], response_id: str, name: str
+) -> dict[str, object]:
+    tokens = count_words(inputs)
+    data = [
+        {"index": i, "object": "embedding", "embedding": _embedding(value)}
+        for i, value in enumerate(inputs)
+    ]
+    return {
+        "id": "embd-" + response_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": name,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    }

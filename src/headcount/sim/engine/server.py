@@ -1,0 +1,159 @@
+"""A running simulated engine, as tests hold it: its address, its sockets and its fail mode.
+
+This is the Python API (`SimEngine`, `start_engine`, `running_engine`); the
+endpoints live in `openai`, `probes` and `admin`, over the shared `state`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from headcount.sim.engine.admin import SimAdmin
+from headcount.sim.engine.config import EngineSimConfig, FailMode
+from headcount.sim.engine.openai import OpenAiApi
+from headcount.sim.engine.probes import Probes
+from headcount.sim.engine.state import EngineState
+from headcount.sim.engine.wire import ENGINE_NAME, REQUEST_ID
+
+__all__ = ["SimEngine", "running_engine", "start_engine"]
+
+_SHUTDOWN_TIMEOUT = 1.0
+
+
+class SimEngine:
+    """A running simulated engine; get one from `start_engine` or `running_engine`."""
+
+    def __init__(self, config: EngineSimConfig) -> None:
+        self.config = config
+        self.port = config.port
+        self._state = EngineState(config)
+        self._runner: web.AppRunner | None = None
+        self._listener: asyncio.AbstractServer | None = None
+
+    @property
+    def name(self) -> str:
+        """Reported in `x-engine-name`, `system_fingerprint` and stats: `config.name`, or
+        `host:port` once listening."""
+        return self._state.name
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def fail_mode(self) -> FailMode:
+        return self._state.failures.mode
+
+    async def set_fail_mode(self, mode: FailMode) -> None:
+        """Switch failure mode; `refuse` closes socket and connections, others listen again."""
+        await self._switch_fail_mode(mode, None)
+
+    def set_adapters(self, adapters: list[str]) -> None:
+        """Replace the LoRA adapters listed by `/v1/models` and accepted as `model`."""
+        self._state.models.set_adapters(adapters)
+
+    def stats(self) -> dict[str, object]:
+        """What the engine has done and is doing, for tests: the body of `/sim/stats`."""
+        return self._state.stats()
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Stop as a terminating pod does: refuse new connections, finish what runs, then stop."""
+        self._stop_listening()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._state.idle.wait(), timeout)
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Close the socket and every connection, cancelling whatever they were doing."""
+        if self._state.stopping:
+            return
+        self._state.stopping = True
+        self._stop_listening()
+        self._drop_connections(keep=None)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.on_response_prepare.append(self._stamp_headers)
+        app.add_routes(
+            [
+                *OpenAiApi(self._state).routes(),
+                *Probes(self._state).routes(),
+                *SimAdmin(self._state, self._switch_fail_mode).routes(),
+            ]
+        )
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT,
+        )
+        await self._runner.setup()
+        await self._listen()
+        if not self._state.name:
+            self._state.name = f"{self.config.host}:{self.port}"
+        if self.fail_mode == "refuse":
+            self._stop_listening()
+
+    async def _listen(self) -> None:
+        assert self._runner is not None and self._runner.server is not None
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            self._runner.server, self.config.host, self.port, reuse_address=True, backlog=1024
+        )
+        self.port = self._listener.sockets[0].getsockname()[1]
+
+    def _stop_listening(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def _drop_connections(self, keep: web.RequestHandler | None) -> None:
+        server = self._runner.server if self._runner is not None else None
+        for handler in server.connections if server is not None else ():
+            if handler is not keep:
+                handler.force_close()
+
+    async def _switch_fail_mode(self, mode: FailMode, keep: web.RequestHandler | None) -> None:
+        """`refuse` stops listening and drops every connection but `keep`; any other mode
+        listens again, unless stopping."""
+        self._state.failures.switch(mode)
+        if mode == "refuse":
+            self._stop_listening()
+            self._drop_connections(keep)
+        elif self._listener is None and not self._state.stopping:
+            await self._listen()
+
+    async def _stamp_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[ENGINE_NAME] = self._state.name
+        request_id = request.headers.get(REQUEST_ID)
+        if request_id is not None:
+            response.headers[REQUEST_ID] = request_id
+
+
+async def start_engine(config: EngineSimConfig) -> SimEngine:
+    """Start an engine listening on `config.host`; stop it with `await engine.stop()`."""
+    engine = SimEngine(config)
+    try:
+        await engine._start()
+    except BaseException:
+        await engine.stop()
+        raise
+    return engine
+
+
+@contextlib.asynccontextmanager
+async def running_engine(config: EngineSimConfig) -> AsyncIterator[SimEngine]:
+    """`async with running_engine(config) as engine:` an engine for the block's duration."""
+    engine = await start_engine(config)
+    try:
+        yield engine
+    finally:
+        await engine.stop()
