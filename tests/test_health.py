@@ -108,7 +108,7 @@ def test_shutting_down_is_not_ready() -> None:
 
 
 def test_static_source_never_goes_stale() -> None:
-    static = SourceStatus(name="static", kind="static", needs_api=False, synced=True)
+    static = SourceStatus(name="static", kind="static", can_go_stale=False, synced=True)
     static.last_list_success = 0.0
     report = judge(static, now=10_000.0)
     assert report.status is Status.OK and report.is_live

@@ -75,7 +75,7 @@ def evaluate(
     stale = [
         s.name
         for s in sources
-        if s.needs_api and _age(s.last_success, now) > settings.discovery_stale_after
+        if s.can_go_stale and _age(s.last_success, now) > settings.discovery_stale_after
     ]
     unsynced = [s.name for s in sources if not s.synced]
 
@@ -127,7 +127,7 @@ def _liveness(
     name = f"discovery:{source.name}"
     if source.name in dead_sources:
         return Check(name, False, f"discovery loop {source.name} has stopped")
-    if not source.needs_api:
+    if not source.can_go_stale:
         return Check(name, True)
     progress = max(
         t for t in (started, source.last_attempt_finished, source.last_event) if t is not None

@@ -148,7 +148,7 @@ class _SourceSample:
     watch_connected: bool
     relists: tuple[tuple[str, int], ...]
     removed_by_relist: int
-    needs_api: bool
+    can_go_stale: bool
 
     @classmethod
     def of(cls, status: SourceStatus) -> _SourceSample:
@@ -158,7 +158,7 @@ class _SourceSample:
             status.watch_connected,
             tuple(status.relists.items()),
             status.removed_by_relist,
-            status.needs_api,
+            status.can_go_stale,
         )
 
 
@@ -190,7 +190,7 @@ class _DiscoveryCollector:
         for sample in self._samples:
             if sample.wall_last_sync is not None:
                 last_sync.add_metric([sample.name], sample.wall_last_sync)
-            if sample.needs_api:
+            if sample.can_go_stale:
                 connected.add_metric([sample.name], 1.0 if sample.watch_connected else 0.0)
             for reason, count in sample.relists:
                 relists.add_metric([sample.name, reason], count)

@@ -41,8 +41,8 @@ class SourceStatus:
     resource_version: str | None = None
     wall_last_sync: float | None = None
     """Unix time of the last successful LIST or watch event (for the metric timestamp)."""
-    needs_api: bool = True
-    """False for a static list: it has nothing to go stale."""
+    can_go_stale: bool = True
+    """Whether freshness applies: False for a static list, which has nothing to go stale."""
 
     @property
     def last_success(self) -> float | None:

@@ -31,7 +31,7 @@ class StaticSource:
         self._fleet = fleet
         self._urls = tuple(urls)
         self._clock = clock
-        self.status = SourceStatus(name=SOURCE, kind=SOURCE, needs_api=False)
+        self.status = SourceStatus(name=SOURCE, kind=SOURCE, can_go_stale=False)
 
     async def run(self) -> None:
         self._fleet.reconcile(SOURCE, static_specs(self._urls))
