@@ -85,7 +85,7 @@ from _harness import BenchError, Proc, Processes, free_port, tree_cpu_seconds
 
 from headcount.config import DiscoveryMode, DiscoverySettings
 from headcount.discovery import kube, pods
-from headcount.discovery.kube import build_k8s_source
+from headcount.discovery.build import build_k8s_source
 from headcount.discovery.reflector import ReflectorTiming
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Fleet, FleetChange

@@ -25,19 +25,20 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from headcount.config import ConfigError, DiscoveryMode, DiscoverySettings
 from headcount.discovery import pods as pods_module
-from headcount.discovery.kube import KubeListerWatcher, build_k8s_source, load_kube_config
-from headcount.discovery.pods import PodSource, pod_to_spec
-from headcount.discovery.reflector import (
+from headcount.discovery.build import build_k8s_source
+from headcount.discovery.errors import (
     ApiStatusError,
     ApiTimeout,
     ApiUnreachable,
     BadResponse,
-    Reflector,
-    ReflectorTiming,
-    WatchEvent,
     WatchExpired,
     WatchIdle,
 )
+from headcount.discovery.kube import KubeListerWatcher
+from headcount.discovery.kubeconfig import load_kube_config
+from headcount.discovery.listwatch import WatchEvent
+from headcount.discovery.pods import PodSource, pod_to_spec
+from headcount.discovery.reflector import Reflector, ReflectorTiming
 from headcount.discovery.services import ServiceSource
 from headcount.fleet import EngineSpec, Fleet
 from headcount.sim.apiserver import (

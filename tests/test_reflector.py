@@ -17,17 +17,10 @@ from typing import Any
 
 import pytest
 
+from headcount.discovery.errors import ApiStatusError, ApiUnreachable, WatchExpired, WatchIdle
+from headcount.discovery.listwatch import KubeObject, WatchEvent
 from headcount.discovery.pods import PodSource
-from headcount.discovery.reflector import (
-    ApiStatusError,
-    ApiUnreachable,
-    KubeObject,
-    Reflector,
-    ReflectorTiming,
-    WatchEvent,
-    WatchExpired,
-    WatchIdle,
-)
+from headcount.discovery.reflector import Reflector, ReflectorTiming
 from headcount.discovery.services import ServiceSource
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Fleet
@@ -392,7 +385,7 @@ async def test_a_malformed_object_is_isolated_and_logged_once_per_version(
         recorder.on_event(kind, obj)
 
     reflector = reflector_for(fake, recorder, on_event=on_event)
-    with caplog.at_level(logging.WARNING, logger="headcount.discovery.reflector"):
+    with caplog.at_level(logging.WARNING, logger="headcount.discovery.isolation"):
         await run_until_exhausted(fake, reflector)
     assert recorder.events == [("ADDED", "good")]
     skipped = [r.getMessage() for r in caplog.records if "skipping default/bad" in r.getMessage()]

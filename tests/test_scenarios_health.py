@@ -35,8 +35,8 @@ from headcount.config import (
     ServerSettings,
     Settings,
 )
+from headcount.discovery.listwatch import KubeObject, WatchEvent
 from headcount.discovery.pods import PodSource
-from headcount.discovery.reflector import KubeObject, WatchEvent
 from headcount.discovery.source import DiscoverySource, SourceStatus
 from headcount.fleet import Fleet
 from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver

@@ -155,7 +155,7 @@ async def build_sources(settings: Settings, fleet: Fleet) -> list[DiscoverySourc
     """The discovery sources `settings` ask for (loading the kubeconfig for Kubernetes modes)."""
     if settings.discovery.mode is DiscoveryMode.STATIC:
         return [StaticSource(fleet, settings.discovery.backends)]
-    from headcount.discovery.kube import build_k8s_source
+    from headcount.discovery.build import build_k8s_source
 
     return [await build_k8s_source(settings.discovery, fleet)]
 

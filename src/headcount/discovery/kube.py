@@ -1,14 +1,12 @@
-"""The boundary to the Kubernetes API: where to connect, and list+watch over raw JSON.
+"""The boundary to the Kubernetes API: list+watch over raw JSON, with a timeout on every call.
 
-`load_kube_config` finds the cluster (an explicit kubeconfig, else in-cluster,
-else `$KUBECONFIG`, else `~/.kube/config`) and the default namespace.
 `KubeListerWatcher` is a reflector's `ListerWatcher` over kubernetes_asyncio's
 `ApiClient`, reading raw JSON (no client models) with a client-side timeout on
 every call: the LIST as a whole, the WATCH's connect and headers, and every
 read of the stream (idle timeout, armed around the read only, never across a
-`yield`). `build_k8s_source` wires a pod or Service source from settings.
+`yield`).
 
-Foreign exceptions are translated here into the tree of `reflector.py`:
+Foreign exceptions are translated here into the tree of `errors.py`:
 
     connect refused, reset, broken stream (aiohttp, OSError)  -> ApiUnreachable
     no answer within the client-side timeout                  -> ApiTimeout
@@ -23,47 +21,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
-from headcount import __version__
-from headcount.config import ConfigError, DiscoveryMode, DiscoverySettings
-from headcount.discovery.pods import PodSource
-from headcount.discovery.reflector import (
+from headcount.discovery.errors import (
     ApiStatusError,
     ApiTimeout,
     ApiUnreachable,
     BadResponse,
     KubeError,
-    KubeObject,
-    ReflectorTiming,
-    WatchEvent,
     WatchExpired,
     WatchIdle,
-    gc_paused,
 )
-from headcount.discovery.services import ServiceSource
-from headcount.discovery.source import DiscoverySource, SourceStatus
-from headcount.fleet import Fleet
+from headcount.discovery.gc_pause import gc_paused
+from headcount.discovery.listwatch import KubeObject, WatchEvent
 
-__all__ = [
-    "RESOURCE_PATHS",
-    "KubeConfig",
-    "KubeListerWatcher",
-    "build_k8s_source",
-    "load_kube_config",
-]
+__all__ = ["RESOURCE_PATHS", "KubeListerWatcher"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,88 +51,11 @@ RESOURCE_PATHS: Mapping[str, str] = {
     "endpointslices": "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
 }
 
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
 _MAX_LINE = 16 * 1024 * 1024
 """Longest watch line accepted; etcd caps an object at 1.5 MiB, so this is generous."""
 _MAX_ERROR_BODY = 64 * 1024
 
 _Query = list[tuple[str, str]]
-
-
-@dataclass(frozen=True)
-class KubeConfig:
-    """Where the API server is and how to authenticate, plus the default namespace."""
-
-    configuration: Configuration
-    namespace: str
-    origin: str
-    """For the logs: `in-cluster` or the kubeconfig path(s)."""
-
-
-async def load_kube_config(
-    kubeconfig: Path | None = None,
-    *,
-    environ: Mapping[str, str] = os.environ,
-    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
-) -> KubeConfig:
-    """An explicit `kubeconfig`, else in-cluster, else `$KUBECONFIG`, else `~/.kube/config`.
-
-    The namespace is the in-cluster pod's own, else the kubeconfig context's,
-    else `default`. Raises `ConfigError` saying what was tried.
-    """
-    if kubeconfig is not None:
-        return await _from_kubeconfig(str(kubeconfig))
-    if environ.get("KUBERNETES_SERVICE_HOST"):
-        return await asyncio.to_thread(_in_cluster, environ, service_account_dir)
-    return await _from_kubeconfig(await asyncio.to_thread(_default_kubeconfig, environ))
-
-
-def _default_kubeconfig(environ: Mapping[str, str]) -> str:
-    """`$KUBECONFIG` (a path list) or `~/.kube/config`, if any of it exists."""
-    paths = environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    if not any(Path(path).expanduser().is_file() for path in paths.split(os.pathsep) if path):
-        raise ConfigError(
-            f"no Kubernetes configuration: not in a cluster (KUBERNETES_SERVICE_HOST unset) "
-            f"and no kubeconfig at {paths}; pass --kubeconfig PATH"
-        )
-    return paths
-
-
-async def _from_kubeconfig(paths: str) -> KubeConfig:
-    configuration = Configuration()
-    try:
-        loader = await k8s_config.load_kube_config(
-            config_file=paths, client_configuration=configuration, persist_config=False
-        )
-    except (
-        k8s_config.ConfigException,
-        OSError,
-        ValueError,
-        yaml.YAMLError,
-        TypeError,
-        KeyError,
-        AttributeError,
-    ) as exc:
-        reason = str(exc).replace("\n", " ") or type(exc).__name__
-        raise ConfigError(f"kubeconfig {paths} cannot be used: {reason}") from None
-    context = (loader.current_context or {}).get("context") or {}
-    return KubeConfig(configuration, context.get("namespace") or "default", paths)
-
-
-def _in_cluster(environ: Mapping[str, str], service_account_dir: Path) -> KubeConfig:
-    configuration = Configuration()
-    try:
-        InClusterConfigLoader(
-            token_filename=str(service_account_dir / "token"),
-            cert_filename=str(service_account_dir / "ca.crt"),
-            environ=dict(environ),
-        ).load_and_set(configuration)
-    except (k8s_config.ConfigException, OSError) as exc:
-        raise ConfigError(f"in-cluster Kubernetes configuration: {exc}") from None
-    namespace_file = service_account_dir / "namespace"
-    namespace = namespace_file.read_text().strip() if namespace_file.is_file() else ""
-    return KubeConfig(configuration, namespace or "default", "in-cluster")
 
 
 class KubeListerWatcher:
@@ -316,7 +217,7 @@ class _LineSplitter:
 
 @contextmanager
 def _translated(what: str, timeout: float) -> Iterator[None]:
-    """Turn the client's exceptions into the reflector's tree, most specific first."""
+    """Turn the client's exceptions into the tree of `errors.py`, most specific first."""
     try:
         yield
     except TimeoutError as exc:
@@ -387,70 +288,3 @@ def _parse_event(line: bytes, what: str) -> WatchEvent:
     if document["type"] == "ERROR":
         raise _status_error(document["object"], what)
     return WatchEvent(document["type"], document["object"])
-
-
-class _ClientOwningSource:
-    """A source that closes the API client it was built with when its loop ends."""
-
-    def __init__(self, source: DiscoverySource, api: ApiClient) -> None:
-        self.status: SourceStatus = source.status
-        self._source = source
-        self._api = api
-
-    async def run(self) -> None:
-        try:
-            await self._source.run()
-        finally:
-            await self._api.close()
-
-
-async def build_k8s_source(settings: DiscoverySettings, fleet: Fleet) -> DiscoverySource:
-    """The pod or Service source `settings.mode` asks for; raises `ConfigError`.
-
-    The API client lives as long as the returned source's `run()`.
-    """
-    if settings.mode not in (DiscoveryMode.K8S_PODS, DiscoveryMode.K8S_SERVICES):
-        raise ConfigError(f"--discovery {settings.mode.value} is not a Kubernetes mode")
-    kube = await load_kube_config(settings.kubeconfig)
-    namespace = settings.namespace or kube.namespace
-    api = ApiClient(kube.configuration)
-    api.user_agent = f"headcount/{__version__}"
-    timing = ReflectorTiming.from_settings(settings)
-
-    def lister_watcher(resource: str) -> KubeListerWatcher:
-        return KubeListerWatcher(
-            api,
-            resource,
-            namespace,
-            request_timeout=settings.request_timeout,
-            connect_timeout=settings.connect_timeout,
-            idle_timeout=settings.watch_idle_timeout,
-        )
-
-    source: DiscoverySource
-    if settings.mode is DiscoveryMode.K8S_PODS:
-        source = PodSource(
-            fleet,
-            lister_watcher("pods"),
-            engine_port=settings.engine_port,
-            label_selector=settings.label_selector,
-            timing=timing,
-        )
-    else:
-        source = ServiceSource(
-            fleet,
-            lister_watcher("services"),
-            lister_watcher("endpointslices"),
-            engine_port=settings.engine_port,
-            label_selector=settings.label_selector,
-            timing=timing,
-        )
-    logger.info(
-        "discovery: %s in namespace %s (label selector %r) via %s at %s",
-        settings.mode.value,
-        namespace,
-        settings.label_selector,
-        kube.origin,
-        kube.configuration.host,
-    )
-    return _ClientOwningSource(source, api)

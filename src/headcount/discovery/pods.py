@@ -14,17 +14,13 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from headcount.discovery.reflector import (
-    Isolation,
-    KubeObject,
-    ListerWatcher,
-    Reflector,
-    ReflectorTiming,
-    Sleep,
-)
+from headcount.clock import Clock, Sleep
+from headcount.discovery.isolation import Isolation
+from headcount.discovery.listwatch import KubeObject, ListerWatcher
+from headcount.discovery.reflector import Reflector, ReflectorTiming
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet
 
@@ -107,7 +103,7 @@ class PodSource:
         label_selector: str = "",
         name: str = "k8s-pods",
         timing: ReflectorTiming | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.status = SourceStatus(name=name, kind="k8s-pods")

@@ -7,18 +7,8 @@ bookmarks and a randomised server timeout, handing each change to `on_event`.
 Any end of the watch leads back to a LIST: a reconnect without a relist is how
 a pod deleted while we were blind stays registered forever.
 
-It talks to a `ListerWatcher` (`kube.py` in production, a fake in tests), which
-raises this tree; `kube.py` translates the client's exceptions into it:
-
-    KubeError
-    ├── ApiUnreachable      connection refused, reset or broken mid-stream
-    │   └── ApiTimeout      no answer within the client-side timeout
-    ├── ApiStatusError      a non-2xx answer or an in-stream ERROR event (`.code`)
-    │   └── WatchExpired    410 Gone: the resourceVersion left the server's history
-    ├── WatchIdle           nothing (no event, bookmark or byte) for the idle timeout
-    └── BadResponse         a body or watch line that is not the expected JSON
-
-One action per outcome of a watch:
+It talks to a `ListerWatcher` (`kube.py` in production, a fake in tests),
+which raises the tree of `errors.py`. One action per outcome of a watch:
 
     ended (server timeout, EOF)     relist now               reason `watch-ended`
     WatchExpired                    relist now               reason `expired`
@@ -40,120 +30,38 @@ that answers but keeps failing gets the whole back-off.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
 
-from headcount.config import DiscoverySettings
+from headcount.clock import Clock, Sleep
+from headcount.discovery.errors import ApiUnreachable, KubeError, WatchExpired, WatchIdle
+from headcount.discovery.gc_pause import gc_paused
+from headcount.discovery.isolation import Isolation
+from headcount.discovery.listwatch import KubeObject, ListerWatcher, WatchEvent, object_key
 from headcount.discovery.source import SourceStatus
 
-__all__ = [
-    "ApiStatusError",
-    "ApiTimeout",
-    "ApiUnreachable",
-    "BadResponse",
-    "Isolation",
-    "KubeError",
-    "KubeObject",
-    "ListerWatcher",
-    "Reflector",
-    "ReflectorTiming",
-    "Sleep",
-    "WatchEvent",
-    "WatchExpired",
-    "WatchIdle",
-    "gc_paused",
-    "object_key",
-]
+__all__ = ["Reflector", "ReflectorTiming"]
 
 logger = logging.getLogger(__name__)
 
-KubeObject = Mapping[str, Any]
-"""A Kubernetes object as the API server sends it: parsed JSON, never a client model."""
-
-T = TypeVar("T")
-
 _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
-
-
-class KubeError(Exception):
-    """Listing or watching failed; the message says what and why, for `status.last_error`."""
-
-
-class ApiUnreachable(KubeError):
-    """No usable connection: refused, reset, or broken mid-stream."""
-
-
-class ApiTimeout(ApiUnreachable):
-    """The API server did not answer within the client-side timeout."""
-
-
-class ApiStatusError(KubeError):
-    """The API server answered with an error status (403, 429, 500...)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class WatchExpired(ApiStatusError):
-    """410 Gone: the requested resourceVersion is older than the server's history."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(410, message)
-
-
-class WatchIdle(KubeError):
-    """The watch stream was silent for the idle timeout: stalled or half-open."""
-
-
-class BadResponse(KubeError):
-    """The server sent something that is not the JSON we expect."""
 
 
 class _VeryShortWatch(KubeError):
     """A watch ended almost at once without an event: treated as an error."""
 
 
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    """One watch event: ADDED, MODIFIED, DELETED, BOOKMARK (or a type we do not know)."""
-
-    type: str
-    object: KubeObject
-
-
-class ListerWatcher(Protocol):
-    """The Kubernetes API as a reflector needs it: one resource, one namespace."""
-
-    async def list(self, label_selector: str) -> tuple[list[KubeObject], str]:
-        """Every matching object and the list's resourceVersion (a consistent, fresh read)."""
-        ...
-
-    def watch(
-        self, resource_version: str, timeout_seconds: int, label_selector: str
-    ) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        """Open a watch from `resource_version`; entering connects, iterating reads events.
-
-        The iterator ends when the server ends the stream and raises a `KubeError`
-        otherwise (`WatchExpired` also for an in-stream ERROR event with code 410).
-        """
-        ...
-
-    async def reachable(self) -> bool:
-        """Whether the API server answers at all, quickly; never raises."""
-        ...
-
-
 @dataclass(frozen=True)
 class ReflectorTiming:
-    """How long a reflector waits for what; defaults as client-go's reflector."""
+    """How long a reflector waits for what.
+
+    The first four come from `DiscoverySettings` (the wiring maps them); the
+    rest are fixed, as in client-go's reflector.
+    """
 
     watch_timeout_min: float = 300.0
     watch_timeout_max: float = 600.0
@@ -169,80 +77,7 @@ class ReflectorTiming:
     reachability_poll: float = 0.2
     """While the API server is unreachable, how often (times 1-2, jitter) to check it is back."""
 
-    @classmethod
-    def from_settings(cls, settings: DiscoverySettings) -> ReflectorTiming:
-        return cls(
-            watch_timeout_min=settings.watch_timeout_min,
-            watch_timeout_max=settings.watch_timeout_max,
-            backoff_initial=settings.backoff_initial,
-            backoff_max=settings.backoff_max,
-        )
 
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector around parsing and applying a large LIST.
-
-    Parsed JSON holds no reference cycles, but its many new objects trigger full
-    collections: at 5,000 pods they cost as much as the parse itself.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def object_key(obj: KubeObject) -> tuple[str, str]:
-    """(uid, resourceVersion) of an object, empty strings where it has none."""
-    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(metadata, Mapping):
-        return "", ""
-    return str(metadata.get("uid") or ""), str(metadata.get("resourceVersion") or "")
-
-
-class Isolation:
-    """Per-object isolation: one object's failure is contained and logged once per version.
-
-    `apply(step, obj)` returns the step's result, or None when it raises;
-    `reject(obj, reason)` logs why an object is skipped. The same object at the
-    same resourceVersion is logged once.
-    """
-
-    _MAX_REMEMBERED = 4096
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-        self._logged: dict[str, str] = {}
-
-    def apply(self, step: Callable[[KubeObject], T], obj: KubeObject) -> T | None:
-        try:
-            return step(obj)
-        except Exception as exc:
-            self.reject(obj, f"malformed: {exc!r}")
-            return None
-
-    def reject(self, obj: KubeObject, reason: str) -> None:
-        uid, version = object_key(obj)
-        if self._logged.get(uid) == version:
-            return
-        if len(self._logged) >= self._MAX_REMEMBERED:
-            self._logged.clear()
-        self._logged[uid] = version
-        logger.warning(
-            "%s: skipping %s (uid %s, resourceVersion %s): %s",
-            self._what,
-            _object_name(obj),
-            uid or "?",
-            version or "?",
-            reason,
-        )
-
-
-Sleep = Callable[[float], Awaitable[None]]
-"""`asyncio.sleep`, or a test's fake that advances a fake clock."""
 OnList = Callable[[list[KubeObject]], None]
 OnEvent = Callable[[str, KubeObject], None]
 
@@ -260,8 +95,8 @@ class Reflector:
         label_selector: str = "",
         timing: ReflectorTiming | None = None,
         on_status: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
@@ -460,18 +295,11 @@ def _describe(exc: Exception) -> str:
     return f"unexpected {type(exc).__name__}: {exc}"
 
 
-def _object_name(obj: KubeObject) -> str:
-    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if isinstance(metadata, Mapping):
-        return f"{metadata.get('namespace', '?')}/{metadata.get('name', '?')}"
-    return "?"
-
-
 class _Backoff:
     """Exponential back-off with jitter that starts over after a healthy period."""
 
-    def __init__(self, timing: ReflectorTiming, clock: Callable[[], float], rng: random.Random):
-        self._timing = timing
+    def __init__(self, timing: ReflectorTiming, clock: Clock, rng: random.Random):
+        self._timing = timing or ReflectorTiming()
         self._clock = clock
         self._rng = rng
         self._base = timing.backoff_initial
@@ -494,7 +322,7 @@ class _Trouble:
     identical stays quiet on recovery too, so the last line logged is always true.
     """
 
-    def __init__(self, name: str, clock: Callable[[], float], remind_every: float) -> None:
+    def __init__(self, name: str, clock: Clock, remind_every: float) -> None:
         self._name = name
         self._clock = clock
         self._remind_every = remind_every

@@ -15,18 +15,14 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from headcount.clock import Clock, Sleep
+from headcount.discovery.isolation import Isolation
+from headcount.discovery.listwatch import KubeObject, ListerWatcher
 from headcount.discovery.pods import reconcile_listed
-from headcount.discovery.reflector import (
-    Isolation,
-    KubeObject,
-    ListerWatcher,
-    Reflector,
-    ReflectorTiming,
-    Sleep,
-)
+from headcount.discovery.reflector import Reflector, ReflectorTiming
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet
 
@@ -115,7 +111,7 @@ class ServiceSource:
         label_selector: str = "",
         name: str = "k8s-services",
         timing: ReflectorTiming | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         """`endpoint_slices` lists the namespace's slices; only those with the label are read."""
