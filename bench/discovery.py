@@ -83,7 +83,7 @@ import aiohttp
 import uvloop
 from _harness import BenchError, Proc, Processes, free_port, tree_cpu_seconds
 
-from headcount.config import DiscoveryMode, DiscoverySettings
+from headcount.config import DiscoveryMode, DiscoverySettings, ProbeSettings
 from headcount.discovery import kube, pods
 from headcount.discovery.build import build_k8s_source
 from headcount.discovery.reflector import ReflectorTiming
@@ -101,7 +101,7 @@ ENGINE_PORT = 8000
 BACKOFF_INITIAL_S = DiscoverySettings().backoff_initial
 BACKOFF_MAX_S = 1.0
 """Production's 30 s scaled down, so a blind period costs seconds, not half a minute."""
-SHORT_WATCH_S = ReflectorTiming().short_watch
+SHORT_WATCH_S = ReflectorTiming.short_watch
 """A watch that ends sooner without an event is an error and backs off."""
 DRIVER_CONCURRENCY = 16
 EVENTS = 2000
@@ -312,7 +312,7 @@ class _Router:
         self._profile: cProfile.Profile | None = None
         self._phase = ""
         self._task: asyncio.Task[None] | None = None
-        self._fleet = Fleet()
+        self._fleet = Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
         self._status: SourceStatus | None = None
         self.tally = _Tally(lambda: self._status.last_attempt_started if self._status else None)
         self._cpu_at_arm = 0.0
@@ -335,7 +335,7 @@ class _Router:
             backoff_initial=BACKOFF_INITIAL_S,
             backoff_max=self._backoff_max,
         )
-        fleet = Fleet()
+        fleet = Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
         source = await build_k8s_source(settings, fleet)
         fleet.subscribe(self.tally)
         self._reader = _SnapshotReader(fleet)

@@ -10,12 +10,12 @@ own at kube.py to feed it watch streams the emulator would never send.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from headcount.config import ConfigError, DiscoveryMode, DiscoverySettings
+from headcount.config import ConfigError, DiscoveryMode, DiscoverySettings, ProbeSettings
 from headcount.discovery import pods as pods_module
-from headcount.discovery.build import build_k8s_source
+from headcount.discovery.build import build_k8s_source, k8s_source, lister_watcher
 from headcount.discovery.errors import (
     ApiStatusError,
     ApiTimeout,
@@ -37,9 +37,9 @@ from headcount.discovery.errors import (
 from headcount.discovery.kube import KubeListerWatcher
 from headcount.discovery.kubeconfig import load_kube_config
 from headcount.discovery.listwatch import WatchEvent
-from headcount.discovery.pods import PodSource, pod_to_spec
-from headcount.discovery.reflector import Reflector, ReflectorTiming
-from headcount.discovery.services import ServiceSource
+from headcount.discovery.pods import pod_to_spec
+from headcount.discovery.reflector import Reflector
+from headcount.discovery.source import DiscoverySource
 from headcount.fleet import EngineSpec, Fleet
 from headcount.sim.apiserver import (
     ApiServerSim,
@@ -51,7 +51,17 @@ from headcount.sim.apiserver import (
 )
 from tests.support import free_port, wait_until
 
-FAST = ReflectorTiming(backoff_initial=0.05, backoff_max=0.5)
+PODS = DiscoverySettings(
+    mode=DiscoveryMode.K8S_PODS,
+    label_selector="app=vllm",
+    watch_idle_timeout=5.0,
+    request_timeout=2.0,
+    connect_timeout=0.5,
+    backoff_initial=0.05,
+    backoff_max=0.5,
+)
+"""Pods selected by `app=vllm`, with timeouts and back-off short enough for test time."""
+SERVICES = replace(PODS, mode=DiscoveryMode.K8S_SERVICES)
 ENGINE = {"app": "vllm", "model": "llama"}
 
 
@@ -68,25 +78,12 @@ async def client_for(api: ApiServerSim, tmp_path: Path) -> AsyncIterator[ApiClie
         yield client
 
 
-def lister_watcher(
-    client: ApiClient,
-    resource: str,
-    *,
-    idle_timeout: float = 5.0,
-    request_timeout: float = 2.0,
-) -> KubeListerWatcher:
-    return KubeListerWatcher(
-        client,
-        resource,
-        "default",
-        request_timeout=request_timeout,
-        connect_timeout=0.5,
-        idle_timeout=idle_timeout,
-    )
+def new_fleet() -> Fleet:
+    return Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
 
 
 @asynccontextmanager
-async def running(source: PodSource | ServiceSource) -> AsyncIterator[None]:
+async def running(source: DiscoverySource) -> AsyncIterator[None]:
     task = asyncio.ensure_future(source.run())
     try:
         yield
@@ -97,21 +94,15 @@ async def running(source: PodSource | ServiceSource) -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def pod_discovery(
-    api: ApiServerSim,
-    tmp_path: Path,
-    *,
-    idle_timeout: float = 5.0,
-    request_timeout: float = 2.0,
-    timing: ReflectorTiming = FAST,
-) -> AsyncIterator[tuple[PodSource, Fleet]]:
-    """A synced PodSource over the emulator, selecting `app=vllm`."""
-    fleet = Fleet()
+async def discovery(
+    api: ApiServerSim, tmp_path: Path, settings: DiscoverySettings = PODS
+) -> AsyncIterator[tuple[DiscoverySource, Fleet]]:
+    """A synced source over the emulator's `default` namespace, as `settings` ask."""
+    fleet = new_fleet()
     async with client_for(api, tmp_path) as client:
-        pods = lister_watcher(
-            client, "pods", idle_timeout=idle_timeout, request_timeout=request_timeout
+        source = k8s_source(
+            settings, fleet, lambda resource: lister_watcher(client, resource, "default", settings)
         )
-        source = PodSource(fleet, pods, engine_port=8000, label_selector="app=vllm", timing=timing)
         async with running(source):
             await wait_until(lambda: source.status.watch_connected, what="sync and watch")
             yield source, fleet
@@ -123,7 +114,7 @@ def truth(api: ApiServerSim) -> dict[str, EngineSpec]:
     for pod in api.pods("default"):
         if pod["metadata"]["labels"].get("app") != "vllm":
             continue
-        spec = pod_to_spec(pod, source="k8s-pods", engine_port=8000)
+        spec = pod_to_spec(pod, source="k8s-pods", engine_port=PODS.engine_port)
         if spec is not None:
             specs[spec.id] = spec
     return specs
@@ -151,7 +142,7 @@ async def test_initial_sync_then_every_kind_of_event(api: ApiServerSim, tmp_path
     api.apply_pod(make_pod("b", labels=ENGINE, ip="10.0.0.2"))
     api.apply_pod(make_pod("starting", labels=ENGINE, ip="10.0.0.3", ready=False))
     api.apply_pod(make_pod("other-app", labels={"app": "web"}, ip="10.0.0.4"))
-    async with pod_discovery(api, tmp_path) as (source, fleet):
+    async with discovery(api, tmp_path) as (source, fleet):
         assert names(fleet) == {"default/a", "default/b"}
         api.apply_pod(make_pod("starting", labels=ENGINE, ip="10.0.0.3", ready=True))
         api.apply_pod(make_pod("c", labels=ENGINE, ip="fd00::5"))
@@ -172,7 +163,7 @@ def truth_id(api: ApiServerSim, name: str) -> str:
 
 
 async def test_bookmarks_keep_a_quiet_watch_fresh(api: ApiServerSim, tmp_path: Path) -> None:
-    async with pod_discovery(api, tmp_path, idle_timeout=1.5) as (source, _):
+    async with discovery(api, tmp_path, replace(PODS, watch_idle_timeout=1.5)) as (source, _):
         first = source.status.last_success
         await wait_until(
             lambda: (source.status.last_event or 0) > (first or 0) + 1.0,
@@ -186,7 +177,7 @@ async def test_a_pod_deleted_while_blind_is_gone_soon_after_the_api_returns(
 ) -> None:
     api.apply_pod(make_pod("stays", labels=ENGINE, ip="10.0.0.1"))
     api.apply_pod(make_pod("deleted-while-blind", labels=ENGINE, ip="10.0.0.2"))
-    async with pod_discovery(api, tmp_path) as (source, fleet):
+    async with discovery(api, tmp_path) as (source, fleet):
         assert len(fleet.snapshot.engines) == 2
         await api.refuse()
         await wait_until(lambda: source.status.last_error, what="the loop noticing")
@@ -201,10 +192,10 @@ async def test_the_api_coming_back_cuts_a_long_back_off_short(
     api: ApiServerSim, tmp_path: Path
 ) -> None:
     """Time to truth is about the reachability poll, not the rest of a 20 s back-off."""
-    slow = dataclasses.replace(FAST, backoff_initial=20.0, backoff_max=20.0)
+    slow = replace(PODS, backoff_initial=20.0, backoff_max=20.0)
     api.apply_pod(make_pod("stays", labels=ENGINE, ip="10.0.0.1"))
     api.apply_pod(make_pod("deleted-while-blind", labels=ENGINE, ip="10.0.0.2"))
-    async with pod_discovery(api, tmp_path, timing=slow) as (source, fleet):
+    async with discovery(api, tmp_path, slow) as (source, fleet):
         await api.refuse()
         await wait_until(lambda: source.status.last_error, what="the loop noticing")
         api.delete_pod("default", "deleted-while-blind")
@@ -233,7 +224,7 @@ async def test_the_blind_deletion_scenario_catches_a_watch_that_reconnects_witho
     monkeypatch.setattr(pods_module, "Reflector", ReconnectingWithoutRelist)
     api.apply_pod(make_pod("stays", labels=ENGINE, ip="10.0.0.1"))
     api.apply_pod(make_pod("deleted-while-blind", labels=ENGINE, ip="10.0.0.2"))
-    async with pod_discovery(api, tmp_path) as (source, fleet):
+    async with discovery(api, tmp_path) as (source, fleet):
         await api.refuse()
         await wait_until(lambda: source.status.last_error, what="the loop noticing")
         api.delete_pod("default", "deleted-while-blind")
@@ -246,7 +237,7 @@ async def test_the_blind_deletion_scenario_catches_a_watch_that_reconnects_witho
 async def test_a_silently_stalled_watch_is_abandoned_for_a_relist(
     api: ApiServerSim, tmp_path: Path
 ) -> None:
-    async with pod_discovery(api, tmp_path, idle_timeout=1.0) as (source, fleet):
+    async with discovery(api, tmp_path, replace(PODS, watch_idle_timeout=1.0)) as (source, fleet):
         api.stall()
         api.apply_pod(make_pod("added-while-stalled", labels=ENGINE, ip="10.0.0.9"))
         await wait_until(lambda: names(fleet) == {"default/added-while-stalled"}, timeout=3.0)
@@ -257,7 +248,7 @@ async def test_a_silently_stalled_watch_is_abandoned_for_a_relist(
 async def test_compacted_history_while_blind_converges(api: ApiServerSim, tmp_path: Path) -> None:
     for n in range(4):
         api.apply_pod(make_pod(f"p{n}", labels=ENGINE, ip=f"10.0.0.{n + 1}"))
-    async with pod_discovery(api, tmp_path) as (_, fleet):
+    async with discovery(api, tmp_path) as (_, fleet):
         await api.refuse()
         api.delete_pod("default", "p0")
         api.apply_pod(make_pod("p1", labels=ENGINE, ip="10.0.0.1", ready=False))
@@ -272,10 +263,8 @@ async def test_a_blackholed_api_times_out_and_the_loop_keeps_retrying(
     api: ApiServerSim, tmp_path: Path
 ) -> None:
     api.apply_pod(make_pod("a", labels=ENGINE, ip="10.0.0.1"))
-    async with pod_discovery(api, tmp_path, idle_timeout=0.6, request_timeout=0.3) as (
-        source,
-        fleet,
-    ):
+    settings = replace(PODS, watch_idle_timeout=0.6, request_timeout=0.3)
+    async with discovery(api, tmp_path, settings) as (source, fleet):
         await api.blackhole()
         await wait_until(
             lambda: "no answer within 0.3s" in (source.status.last_error or ""),
@@ -294,7 +283,7 @@ async def test_a_blackholed_api_times_out_and_the_loop_keeps_retrying(
 async def test_a_dropped_watch_is_followed_by_a_relist(
     api: ApiServerSim, tmp_path: Path, reset: bool
 ) -> None:
-    async with pod_discovery(api, tmp_path) as (source, fleet):
+    async with discovery(api, tmp_path) as (source, fleet):
         await wait_until(lambda: api.open_watches == 1, what="the watch")
         await api.drop_watches(reset=reset)
         await wait_until(lambda: sum(source.status.relists.values()) >= 2, what="a relist")
@@ -310,7 +299,7 @@ async def test_a_malformed_pod_is_skipped_and_the_good_one_kept(
     api.apply_pod(broken)
     api.apply_pod(make_pod("good", labels=ENGINE, ip="10.0.0.2"))
     with caplog.at_level(logging.WARNING, logger="headcount.discovery"):
-        async with pod_discovery(api, tmp_path) as (source, fleet):
+        async with discovery(api, tmp_path) as (source, fleet):
             assert names(fleet) == {"default/good"}
             api.patch("Pod", "default", "broken", {"status": {"conditions": "Ready"}})
             api.apply_pod(make_pod("later", labels=ENGINE, ip="10.0.0.3"))
@@ -322,31 +311,12 @@ async def test_a_malformed_pod_is_skipped_and_the_good_one_kept(
 # --- services --------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def service_discovery(
-    api: ApiServerSim, tmp_path: Path
-) -> AsyncIterator[tuple[ServiceSource, Fleet]]:
-    fleet = Fleet()
-    async with client_for(api, tmp_path) as client:
-        source = ServiceSource(
-            fleet,
-            lister_watcher(client, "services"),
-            lister_watcher(client, "endpointslices"),
-            engine_port=8000,
-            label_selector="app=vllm",
-            timing=FAST,
-        )
-        async with running(source):
-            await wait_until(lambda: source.status.watch_connected, what="sync and watch")
-            yield source, fleet
-
-
 async def test_a_slice_readiness_flip_updates_the_engine_without_a_service_event(
     api: ApiServerSim, tmp_path: Path
 ) -> None:
     service = api.apply_service(make_service("llama", labels=ENGINE, ports=(80, 8000)))
     api.apply_endpointslice(make_endpointslice("llama", [("10.1.0.1", False)]))
-    async with service_discovery(api, tmp_path) as (source, fleet):
+    async with discovery(api, tmp_path, SERVICES) as (source, fleet):
         engine = fleet.snapshot.by_id[service["metadata"]["uid"]]
         assert engine.spec.url == "http://llama.default:8000" and not engine.spec.ready
         api.apply_endpointslice(make_endpointslice("llama", [("10.1.0.1", True)]))
@@ -368,7 +338,7 @@ async def test_a_headless_service_is_isolated_from_the_good_one(
     api.apply_endpointslice(make_endpointslice("good", [("10.1.0.1", True)]))
     api.apply_endpointslice(make_endpointslice("headless", [("10.1.0.2", True)]))
     with caplog.at_level(logging.WARNING, logger="headcount.discovery"):
-        async with service_discovery(api, tmp_path) as (_, fleet):
+        async with discovery(api, tmp_path, SERVICES) as (_, fleet):
             assert names(fleet) == {"default/good"}
             api.apply_endpointslice(make_endpointslice("headless", [("10.1.0.2", False)]))
             api.apply_service(make_service("new", labels=ENGINE))
@@ -381,7 +351,7 @@ async def test_a_service_deleted_while_blind_is_removed_by_the_relist(
 ) -> None:
     api.apply_service(make_service("stays", labels=ENGINE))
     api.apply_service(make_service("goes", labels=ENGINE))
-    async with service_discovery(api, tmp_path) as (source, fleet):
+    async with discovery(api, tmp_path, SERVICES) as (source, fleet):
         assert names(fleet) == {"default/stays", "default/goes"}
         await api.refuse()
         await wait_until(lambda: source.status.last_error, what="the loop noticing")
@@ -406,7 +376,7 @@ async def test_build_k8s_source_discovers_pods_and_closes_its_client(
         backoff_initial=0.05,
         backoff_max=0.5,
     )
-    fleet = Fleet()
+    fleet = new_fleet()
     source = await build_k8s_source(settings, fleet)
     task = asyncio.ensure_future(source.run())
     try:
@@ -424,7 +394,7 @@ async def test_build_k8s_source_builds_a_service_source(api: ApiServerSim, tmp_p
         kubeconfig=api.kubeconfig(tmp_path / "kubeconfig"),
         namespace="default",
     )
-    source = await build_k8s_source(settings, Fleet())
+    source = await build_k8s_source(settings, new_fleet())
     task = asyncio.ensure_future(source.run())
     try:
         await wait_until(lambda: source.status.synced)
@@ -484,7 +454,8 @@ async def tiny_server(handler: Handler) -> AsyncIterator[KubeListerWatcher]:
     configuration = Configuration(host=f"http://127.0.0.1:{port}")
     try:
         async with ApiClient(configuration) as client:
-            yield lister_watcher(client, "pods", idle_timeout=0.5, request_timeout=0.5)
+            settings = replace(PODS, watch_idle_timeout=0.5, request_timeout=0.5)
+            yield lister_watcher(client, "pods", "default", settings)
     finally:
         await runner.cleanup()
 
@@ -585,7 +556,7 @@ async def test_list_errors_are_translated() -> None:
 
     async with ApiClient(Configuration(host=f"http://127.0.0.1:{free_port()}")) as client:
         with pytest.raises(ApiUnreachable):
-            await lister_watcher(client, "pods").list("")
+            await lister_watcher(client, "pods", "default", PODS).list("")
 
 
 # --- churn -----------------------------------------------------------------------------------
@@ -597,10 +568,8 @@ async def test_random_churn_with_faults_converges_to_the_truth(
 ) -> None:
     rng = random.Random(seed)
     names_used = [f"p{n}" for n in range(8)]
-    async with pod_discovery(api, tmp_path, idle_timeout=0.5, request_timeout=0.5) as (
-        _,
-        fleet,
-    ):
+    settings = replace(PODS, watch_idle_timeout=0.5, request_timeout=0.5)
+    async with discovery(api, tmp_path, settings) as (_, fleet):
         faulty = False
         for step in range(40):
             roll = rng.random()

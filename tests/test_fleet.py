@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from headcount.config import ProbeSettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, FleetChange, ProbeResult
 
+PROBE = ProbeSettings()
 CARDS = ({"id": "m", "object": "model"}, {"id": "m-lora", "object": "model", "parent": "m"})
 
 
@@ -19,7 +21,7 @@ def spec(name: str, **fields: object) -> EngineSpec:
 
 
 def ready_fleet(*names: str) -> Fleet:
-    fleet = Fleet()
+    fleet = Fleet(unhealthy_after=PROBE.unhealthy_after)
     fleet.reconcile("pods", [spec(n) for n in names])
     for n in names:
         fleet.apply_probe(f"uid-{n}", ProbeResult(ok=True, cards=CARDS))
@@ -27,7 +29,7 @@ def ready_fleet(*names: str) -> Fleet:
 
 
 def test_new_engine_is_pending_until_its_first_successful_probe() -> None:
-    fleet = Fleet()
+    fleet = Fleet(unhealthy_after=PROBE.unhealthy_after)
     fleet.reconcile("pods", [spec("a")])
     assert fleet.snapshot.by_id["uid-a"].state is EngineState.PENDING
     assert fleet.snapshot.candidates("m") == ()
@@ -122,7 +124,7 @@ def test_probe_of_a_removed_engine_is_ignored() -> None:
 
 def test_listeners_hear_additions_changes_and_removals() -> None:
     heard: list[FleetChange] = []
-    fleet = Fleet()
+    fleet = Fleet(unhealthy_after=PROBE.unhealthy_after)
     fleet.subscribe(heard.append)
     fleet.reconcile("pods", [spec("a"), spec("b")])
     fleet.upsert(spec("a", model_label="x"))

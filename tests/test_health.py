@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from headcount.config import HealthSettings
+from headcount.config import HealthSettings, ProbeSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet, ProbeResult, Snapshot
 from headcount.health import Status, evaluate, render_checks
 
 SETTINGS = HealthSettings(discovery_stale_after=120, discovery_dead_after=300)
+PROBE = ProbeSettings()
 
 
 def routable_snapshot(count: int = 1) -> Snapshot:
-    fleet = Fleet()
+    fleet = Fleet(unhealthy_after=PROBE.unhealthy_after)
     fleet.reconcile(
         "k",
         [EngineSpec(id=f"e{i}", name=f"e{i}", url="http://x", source="k") for i in range(count)],
@@ -94,7 +95,7 @@ def test_dead_loop_fails_liveness_at_once() -> None:
 
 
 def test_no_routable_engine_is_unavailable_but_ready_unless_required() -> None:
-    empty = Fleet().snapshot
+    empty = Fleet(unhealthy_after=PROBE.unhealthy_after).snapshot
     assert judge(synced_source(0.0), now=1.0, snapshot=empty).is_ready
     report = judge(synced_source(0.0), now=1.0, snapshot=empty)
     assert report.status is Status.UNAVAILABLE

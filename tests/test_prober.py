@@ -36,7 +36,7 @@ def state(fleet: Fleet, url: str) -> EngineState | None:
 
 
 async def test_a_new_engine_becomes_ready_with_its_models_and_adapters(engine: SimEngine) -> None:
-    fleet = Fleet()
+    fleet = Fleet(unhealthy_after=FAST.unhealthy_after)
     task = await probing(fleet)
     try:
         fleet.reconcile("static", static_specs([engine.url]))
@@ -51,7 +51,7 @@ async def test_a_new_engine_becomes_ready_with_its_models_and_adapters(engine: S
 async def test_a_failing_engine_is_taken_out_of_rotation_but_never_forgotten(
     engine: SimEngine,
 ) -> None:
-    fleet = Fleet()
+    fleet = Fleet(unhealthy_after=FAST.unhealthy_after)
     task = await probing(fleet)
     try:
         fleet.reconcile("static", static_specs([engine.url]))
@@ -70,7 +70,7 @@ async def test_a_hung_engine_costs_one_timeout_and_others_are_not_held_up() -> N
     hung_configs = [EngineSimConfig(fail_mode="hang") for _ in range(6)]
     async with running_engine(EngineSimConfig()) as good:
         hung = [await start_engine(c) for c in hung_configs]
-        fleet = Fleet()
+        fleet = Fleet(unhealthy_after=settings.unhealthy_after)
         task = await probing(fleet, settings)
         try:
             fleet.reconcile("static", static_specs([*(h.url for h in hung), good.url]))
@@ -90,7 +90,7 @@ async def test_scraped_load_reaches_the_fleet() -> None:
     config = EngineSimConfig(token_delay=0.05, max_running=1)
     body = {"model": "sim-model", "prompt": "x", "max_tokens": 40}
     async with running_engine(config) as engine, aiohttp.ClientSession() as session:
-        fleet = Fleet()
+        fleet = Fleet(unhealthy_after=FAST.unhealthy_after)
         task = await probing(fleet)
         busy = [
             asyncio.create_task(session.post(engine.url + "/v1/completions", json=body))
@@ -113,8 +113,8 @@ async def test_scraped_load_reaches_the_fleet() -> None:
 class RecordingFleet(Fleet):
     """A fleet that notes when each engine's probe result arrived."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, settings: ProbeSettings) -> None:
+        super().__init__(unhealthy_after=settings.unhealthy_after)
         self.probed: dict[str, list[float]] = {}
 
     def apply_probe(self, engine_id: str, result: ProbeResult) -> None:
@@ -128,9 +128,10 @@ async def test_periodic_probes_are_spread_over_the_interval() -> None:
         engines = [
             await stack.enter_async_context(running_engine(EngineSimConfig())) for _ in range(8)
         ]
-        fleet = RecordingFleet()
+        settings = ProbeSettings(interval=interval, timeout=0.5)
+        fleet = RecordingFleet(settings)
         fleet.reconcile("static", static_specs([engine.url for engine in engines]))
-        task = await probing(fleet, ProbeSettings(interval=interval, timeout=0.5))
+        task = await probing(fleet, settings)
         try:
             await wait_until(
                 lambda: all(len(fleet.probed.get(e.url, ())) >= 2 for e in engines),

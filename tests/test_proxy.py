@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from headcount._http.local import LocalRequest, LocalResponse
-from headcount.config import ProxySettings
+from headcount.config import ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
 from headcount.proxy import Proxy, start_server
@@ -105,7 +105,7 @@ async def routed(
 ) -> AsyncIterator[Routed]:
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(running_engine(c)) for c in configs]
-        fleet = Fleet()
+        fleet = Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
         ids = add_engines(fleet, [engine.url for engine in engines] + list(extra_urls))
         metrics = Metrics(lambda: fleet.snapshot)
         proxy = Proxy(fleet, policy or RoundRobin(), settings, metrics, local_app)

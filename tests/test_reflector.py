@@ -17,17 +17,19 @@ from typing import Any
 
 import pytest
 
+from headcount.config import DiscoverySettings, ProbeSettings
+from headcount.discovery.build import reflector_timing
 from headcount.discovery.errors import ApiStatusError, ApiUnreachable, WatchExpired, WatchIdle
 from headcount.discovery.listwatch import KubeObject, WatchEvent
 from headcount.discovery.pods import PodSource
-from headcount.discovery.reflector import Reflector, ReflectorTiming
+from headcount.discovery.reflector import Reflector
 from headcount.discovery.services import ServiceSource
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Fleet
 
-TIMING = ReflectorTiming(
-    watch_timeout_min=300, watch_timeout_max=600, backoff_initial=0.8, backoff_max=30
-)
+SETTINGS = DiscoverySettings()
+"""The defaults: watch timeouts in 300-600 s, back-off from 0.8 s to 30 s."""
+TIMING = reflector_timing(SETTINGS)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,23 @@ def reflector_for(
     return Reflector(fake, **(options | overrides))
 
 
+def new_fleet() -> Fleet:
+    return Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
+
+
+def pod_source(fleet: Fleet, fake: FakeListerWatcher) -> PodSource:
+    """A pod source over the fake, on its clock, with the default settings."""
+    return PodSource(
+        fleet,
+        fake,
+        engine_port=SETTINGS.engine_port,
+        label_selector=SETTINGS.label_selector,
+        timing=TIMING,
+        clock=fake.clock,
+        sleep=fake.clock.sleep,
+    )
+
+
 async def run_until_exhausted(fake: FakeListerWatcher, *loops: Any) -> None:
     """Run the loops until the fake's scripts are used up, then cancel them."""
     tasks = [asyncio.ensure_future(loop.run()) for loop in loops]
@@ -240,7 +259,7 @@ async def test_very_short_empty_watches_back_off_exponentially_up_to_the_cap() -
     fake = FakeListerWatcher(
         clock, lists=[([], str(n)) for n in range(rounds)], watches=[[]] * rounds
     )
-    timing = ReflectorTiming(backoff_initial=0.8, backoff_max=10)
+    timing = reflector_timing(DiscoverySettings(backoff_max=10))
     reflector = reflector_for(fake, timing=timing)
     await run_until_exhausted(fake, reflector)
     assert clock.slept == [0.8, 1.6, 3.2, 6.4, 10, 10, 10]
@@ -263,7 +282,9 @@ async def test_jitter_spreads_the_back_off_between_one_and_two_times() -> None:
         clock, lists=[ApiUnreachable("refused")] * 20 + [([], "1")], watches=[]
     )
     reflector = reflector_for(
-        fake, timing=ReflectorTiming(backoff_initial=1, backoff_max=1000), rng=random.Random(7)
+        fake,
+        timing=reflector_timing(DiscoverySettings(backoff_initial=1, backoff_max=1000)),
+        rng=random.Random(7),
     )
     await run_until_exhausted(fake, reflector)
     for n, delay in enumerate(clock.slept[:8]):
@@ -463,13 +484,13 @@ async def test_a_missed_deletion_is_removed_by_the_relist_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = FakeClock()
-    fleet = Fleet()
+    fleet = new_fleet()
     fake = FakeListerWatcher(
         clock,
         lists=[([pod("a"), pod("b", ip="10.0.0.2")], "10"), ([pod("a")], "30")],
         watches=[[Advance(2), ApiUnreachable("WATCH pods: stream broken")]],
     )
-    source = PodSource(fleet, fake, engine_port=8000, clock=clock, sleep=clock.sleep)
+    source = pod_source(fleet, fake)
     with caplog.at_level(logging.WARNING, logger="headcount.discovery.pods"):
         await run_until_exhausted(fake, source)
     assert fleet.source_ids("k8s-pods") == {"uid-a"}
@@ -479,7 +500,7 @@ async def test_a_missed_deletion_is_removed_by_the_relist_and_counted(
 
 async def test_pod_events_upsert_and_remove_engines() -> None:
     clock = FakeClock()
-    fleet = Fleet()
+    fleet = new_fleet()
     not_ready = pod("a", "12")
     not_ready["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     fake = FakeListerWatcher(
@@ -496,7 +517,7 @@ async def test_pod_events_upsert_and_remove_engines() -> None:
             ]
         ],
     )
-    source = PodSource(fleet, fake, engine_port=8000, clock=clock, sleep=clock.sleep)
+    source = pod_source(fleet, fake)
     await run_until_exhausted(fake, source)
     assert fleet.source_ids("k8s-pods") == {"uid-c"}
     assert source.status.removed_by_relist == 0
@@ -504,11 +525,11 @@ async def test_pod_events_upsert_and_remove_engines() -> None:
 
 async def test_a_malformed_pod_in_a_list_does_not_hide_the_others() -> None:
     clock = FakeClock()
-    fleet = Fleet()
+    fleet = new_fleet()
     broken = pod("broken")
     broken["status"]["podIP"] = "not-an-ip"
     fake = FakeListerWatcher(clock, lists=[([broken, pod("good")], "10")], watches=[])
-    source = PodSource(fleet, fake, engine_port=8000, clock=clock, sleep=clock.sleep)
+    source = pod_source(fleet, fake)
     fake.watches.append([Advance(2)])
     await run_until_exhausted(fake, source)
     assert fleet.source_ids("k8s-pods") == {"uid-good"}
@@ -542,14 +563,23 @@ def endpoint_slice(service_name: str, ready: bool, version: str = "1") -> dict[s
 
 async def test_a_service_source_joins_only_after_both_lists_and_follows_slice_events() -> None:
     clock = FakeClock()
-    fleet = Fleet()
+    fleet = new_fleet()
     services = FakeListerWatcher(clock, lists=[([service("s")], "10")], watches=[[Advance(2)]])
     slices = FakeListerWatcher(
         clock,
         lists=[ApiUnreachable("LIST endpointslices: refused"), ([endpoint_slice("s", True)], "10")],
         watches=[[event("MODIFIED", endpoint_slice("s", False, version="12")), Advance(2)]],
     )
-    source = ServiceSource(fleet, services, slices, clock=clock, sleep=clock.sleep)
+    source = ServiceSource(
+        fleet,
+        services,
+        slices,
+        engine_port=SETTINGS.engine_port,
+        label_selector=SETTINGS.label_selector,
+        timing=TIMING,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     readiness: list[bool] = []
     fleet.subscribe(lambda change: readiness.append(fleet.snapshot.by_id["uid-s"].spec.ready))
     task = asyncio.ensure_future(source.run())

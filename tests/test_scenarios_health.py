@@ -35,6 +35,7 @@ from headcount.config import (
     ServerSettings,
     Settings,
 )
+from headcount.discovery.build import reflector_timing
 from headcount.discovery.listwatch import KubeObject, WatchEvent
 from headcount.discovery.pods import PodSource
 from headcount.discovery.source import DiscoverySource, SourceStatus
@@ -320,7 +321,7 @@ async def in_process_router(source: DiscoverySource, *, dead_after: float) -> As
             drain_timeout=1,
         ),
     )
-    router = Router(settings, Fleet(), [source])
+    router = Router(settings, Fleet(unhealthy_after=settings.probe.unhealthy_after), [source])
     stop = asyncio.Event()
     task = asyncio.create_task(router.run(stop))
     url = f"http://127.0.0.1:{port}"
@@ -357,7 +358,15 @@ async def test_a_wedged_discovery_loop_fails_liveness_within_the_bound() -> None
 
 async def test_a_real_reflector_hung_on_a_call_without_timeout_fails_liveness() -> None:
     dead_after = 1.5
-    source = PodSource(Fleet(), WatchWithoutTimeout(), engine_port=8000, name="hung")
+    settings = DiscoverySettings(mode=DiscoveryMode.K8S_PODS)
+    source = PodSource(
+        Fleet(unhealthy_after=ProbeSettings().unhealthy_after),
+        WatchWithoutTimeout(),
+        engine_port=settings.engine_port,
+        label_selector=settings.label_selector,
+        timing=reflector_timing(settings),
+        name="hung",
+    )
     async with in_process_router(source, dead_after=dead_after) as url:
 
         async def dead() -> bool:

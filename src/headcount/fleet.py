@@ -204,7 +204,7 @@ FleetListener = Callable[[FleetChange], None]
 class Fleet:
     """Owns engine state; every write goes through here, every read through `snapshot`."""
 
-    def __init__(self, *, unhealthy_after: int = 2) -> None:
+    def __init__(self, *, unhealthy_after: int) -> None:
         """`unhealthy_after`: consecutive failed probes before a READY engine leaves rotation."""
         self._engines: dict[str, Engine] = {}
         self._unhealthy_after = unhealthy_after

@@ -67,9 +67,9 @@ class KubeListerWatcher:
         resource: str,
         namespace: str,
         *,
-        request_timeout: float = 30.0,
-        connect_timeout: float = 5.0,
-        idle_timeout: float = 90.0,
+        request_timeout: float,
+        connect_timeout: float,
+        idle_timeout: float,
     ) -> None:
         """`request_timeout` bounds a LIST and a WATCH's headers; `idle_timeout` each watch read."""
         self._api = api

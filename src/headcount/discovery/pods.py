@@ -100,9 +100,9 @@ class PodSource:
         pods: ListerWatcher,
         *,
         engine_port: int,
-        label_selector: str = "",
+        label_selector: str,
+        timing: ReflectorTiming,
         name: str = "k8s-pods",
-        timing: ReflectorTiming | None = None,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:

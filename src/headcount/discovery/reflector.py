@@ -63,11 +63,11 @@ class ReflectorTiming:
     rest are fixed, as in client-go's reflector.
     """
 
-    watch_timeout_min: float = 300.0
-    watch_timeout_max: float = 600.0
+    watch_timeout_min: float
+    watch_timeout_max: float
     """Server-side watch timeout drawn in [min, max] so replicas do not relist in lockstep."""
-    backoff_initial: float = 0.8
-    backoff_max: float = 30.0
+    backoff_initial: float
+    backoff_max: float
     backoff_reset_after: float = 120.0
     """client-go: the back-off starts over after two minutes without a failure."""
     short_watch: float = 1.0
@@ -92,8 +92,8 @@ class Reflector:
         status: SourceStatus,
         on_list: OnList,
         on_event: OnEvent,
-        label_selector: str = "",
-        timing: ReflectorTiming | None = None,
+        label_selector: str,
+        timing: ReflectorTiming,
         on_status: Callable[[], None] | None = None,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
@@ -106,7 +106,7 @@ class Reflector:
         self._on_list = on_list
         self._on_event = on_event
         self._selector = label_selector
-        self._timing = timing or ReflectorTiming()
+        self._timing = timing
         self._on_status = on_status
         self._clock = clock
         self._wall_clock = wall_clock
@@ -299,7 +299,7 @@ class _Backoff:
     """Exponential back-off with jitter that starts over after a healthy period."""
 
     def __init__(self, timing: ReflectorTiming, clock: Clock, rng: random.Random):
-        self._timing = timing or ReflectorTiming()
+        self._timing = timing
         self._clock = clock
         self._rng = rng
         self._base = timing.backoff_initial

@@ -107,10 +107,10 @@ class ServiceSource:
         services: ListerWatcher,
         endpoint_slices: ListerWatcher,
         *,
-        engine_port: int | None = None,
-        label_selector: str = "",
+        engine_port: int | None,
+        label_selector: str,
+        timing: ReflectorTiming,
         name: str = "k8s-services",
-        timing: ReflectorTiming | None = None,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
