@@ -1,14 +1,22 @@
-"""Settings are validated once, with messages that name the flag."""
+"""Settings validate themselves, from the flags or built in code, with messages naming the flag."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from headcount.config import (
     ConfigError,
     DiscoveryMode,
+    DiscoverySettings,
+    HealthSettings,
+    ProbeSettings,
+    ProxySettings,
+    Settings,
     add_serve_arguments,
     parse_duration,
     settings_from_args,
@@ -88,3 +96,73 @@ def test_liveness_bound_must_outlast_the_slowest_discovery_round() -> None:
         )
     settings = parse("--discovery", "k8s-pods", "--discovery-dead-after", "121")
     assert settings.health.discovery_dead_after == 121
+
+
+STATIC = DiscoverySettings(backends=("http://127.0.0.1:1",))
+PODS = DiscoveryMode.K8S_PODS
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: ProxySettings(max_failovers=-1), "--max-failovers must be 0 or more"),
+        (lambda: ProxySettings(connect_timeout=0), "--connect-timeout must be positive"),
+        (lambda: ProxySettings(read_timeout=-1), "--read-timeout must be positive"),
+        (lambda: ProbeSettings(concurrency=0), "--probe-concurrency"),
+        (lambda: ProbeSettings(unhealthy_after=0), "--unhealthy-after must be at least 1"),
+        (lambda: ProbeSettings(interval=0), "--probe-interval must be positive"),
+        (lambda: ProbeSettings(timeout=0), "--probe-timeout must be positive"),
+        (lambda: DiscoverySettings(backends=("ftp://x",)), "ftp://x"),
+        (lambda: DiscoverySettings(backends=("http://h:99999",)), "(?i)port out of range"),
+        (lambda: DiscoverySettings(mode=PODS, backends=("http://a:1",)), "only applies"),
+        (lambda: DiscoverySettings(kubeconfig=Path("/nonexistent/kubeconfig")), "no such file"),
+        (
+            lambda: DiscoverySettings(watch_timeout_min=10, watch_timeout_max=5),
+            "--watch-timeout-min must not exceed --watch-timeout-max",
+        ),
+        (lambda: DiscoverySettings(watch_idle_timeout=0), "--watch-idle-timeout must be positive"),
+        (lambda: Settings(), "--discovery static needs --backends"),
+        (
+            lambda: Settings(
+                discovery=DiscoverySettings(mode=PODS, watch_idle_timeout=90),
+                health=HealthSettings(discovery_dead_after=100),
+            ),
+            "--discovery-dead-after 100s must exceed --backoff-max",
+        ),
+    ],
+)
+def test_settings_built_in_code_are_validated_as_the_flags_are(
+    build: Callable[[], object], needle: str
+) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        build()
+
+
+def test_the_liveness_bound_counts_the_api_request_timeout_when_it_is_the_longer_wait() -> None:
+    slow_api = DiscoverySettings(mode=PODS, watch_idle_timeout=10, request_timeout=200)
+    with pytest.raises(ConfigError, match=r"\(230s\)"):
+        Settings(discovery=slow_api, health=HealthSettings(discovery_dead_after=230))
+    settings = Settings(discovery=slow_api, health=HealthSettings(discovery_dead_after=231))
+    assert settings.health.discovery_dead_after == 231
+
+
+def test_a_changed_copy_is_validated_too() -> None:
+    settings = Settings(discovery=STATIC)
+    with pytest.raises(ConfigError, match="--discovery-dead-after"):
+        dataclasses.replace(
+            settings,
+            discovery=DiscoverySettings(mode=PODS),
+            health=HealthSettings(discovery_dead_after=60),
+        )
+
+
+def test_static_backends_are_kept_without_a_trailing_slash() -> None:
+    settings = DiscoverySettings(backends=("http://127.0.0.1:1/", "http://127.0.0.1:2"))
+    assert settings.backends == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+
+
+def test_every_default_is_valid_once_the_router_has_engines() -> None:
+    settings = Settings(discovery=STATIC)
+    assert settings.discovery.backends == ("http://127.0.0.1:1",)
+    kubernetes = Settings(discovery=DiscoverySettings(mode=PODS))
+    assert kubernetes.health.discovery_dead_after == HealthSettings().discovery_dead_after

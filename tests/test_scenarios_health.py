@@ -308,12 +308,20 @@ class WatchWithoutTimeout:
 
 @contextlib.asynccontextmanager
 async def in_process_router(source: DiscoverySource, *, dead_after: float) -> AsyncIterator[str]:
-    """A `Router` on a free port with `source` as its only discovery; yields its URL."""
+    """A `Router` on a free port with `source` as its only discovery; yields its URL.
+
+    Its discovery bounds are short, so that a `dead_after` of seconds passes the settings' check.
+    """
     port = free_port()
     settings = Settings(
         server=ServerSettings(host="127.0.0.1", port=port),
         probe=ProbeSettings(interval=30),
-        discovery=DiscoverySettings(mode=DiscoveryMode.K8S_PODS),
+        discovery=DiscoverySettings(
+            mode=DiscoveryMode.K8S_PODS,
+            backoff_max=0.5,
+            watch_idle_timeout=0.5,
+            request_timeout=0.5,
+        ),
         health=HealthSettings(
             discovery_dead_after=dead_after,
             discovery_stale_after=3600,

@@ -1,9 +1,12 @@
-"""One typed, frozen settings tree for `headcount serve`, validated once at start.
+"""One typed, frozen settings tree for `headcount serve`: every default and every check.
 
 Each concern has its own dataclass; every field has a default and the reason
-for it. `add_serve_arguments` declares the CLI flags and `settings_from_args`
-turns them into `Settings`, raising `ConfigError` with a message a person can
-act on (the CLI prints it; no traceback).
+for it, and nothing else in the router keeps a default of its own. Each
+dataclass validates itself when built (`Settings` checks what spans several),
+raising `ConfigError` with a message a person can act on that names the flag
+(the CLI prints it; no traceback), so settings built in code are held to the
+same rules as the command line. `add_serve_arguments` declares the CLI flags
+and `settings_from_args` maps them to fields.
 """
 
 from __future__ import annotations
@@ -86,6 +89,13 @@ class ProxySettings:
     """Session and prefix routing: an engine keeps its keys until its in-flight count exceeds
     (1 + epsilon) times the mean (consistent hashing with bounded load)."""
 
+    def __post_init__(self) -> None:
+        if self.max_failovers < 0:
+            raise ConfigError("--max-failovers must be 0 or more")
+        _require_positive(
+            ("--connect-timeout", self.connect_timeout), ("--read-timeout", self.read_timeout)
+        )
+
 
 @dataclass(frozen=True)
 class ProbeSettings:
@@ -98,11 +108,17 @@ class ProbeSettings:
     unhealthy_after: int = 2
     """Consecutive failed probes before a ready engine leaves rotation."""
 
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.unhealthy_after < 1:
+            raise ConfigError("--probe-concurrency and --unhealthy-after must be at least 1")
+        _require_positive(("--probe-interval", self.interval), ("--probe-timeout", self.timeout))
+
 
 @dataclass(frozen=True)
 class DiscoverySettings:
     mode: DiscoveryMode = DiscoveryMode.STATIC
     backends: tuple[str, ...] = ()
+    """Engine URLs for static mode, kept without a trailing slash."""
     kubeconfig: Path | None = None
     """None: in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
     namespace: str | None = None
@@ -122,6 +138,21 @@ class DiscoverySettings:
     backoff_max: float = 30.0
     """Reconnect back-off bounds, as client-go's reflector."""
 
+    def __post_init__(self) -> None:
+        if self.mode is DiscoveryMode.STATIC:
+            for url in self.backends:
+                _check_backend_url(url)
+            object.__setattr__(self, "backends", tuple(url.rstrip("/") for url in self.backends))
+        elif self.backends:
+            raise ConfigError(
+                f"--backends only applies to --discovery static, not {self.mode.value}"
+            )
+        if self.kubeconfig is not None and not self.kubeconfig.is_file():
+            raise ConfigError(f"--kubeconfig {self.kubeconfig}: no such file")
+        if self.watch_timeout_min > self.watch_timeout_max:
+            raise ConfigError("--watch-timeout-min must not exceed --watch-timeout-max")
+        _require_positive(("--watch-idle-timeout", self.watch_idle_timeout))
+
 
 @dataclass(frozen=True)
 class HealthSettings:
@@ -140,11 +171,47 @@ class HealthSettings:
 
 @dataclass(frozen=True)
 class Settings:
+    """The whole router: built from the flags, or in code with the same checks."""
+
     server: ServerSettings = field(default_factory=ServerSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
+
+    def __post_init__(self) -> None:
+        """The checks that span parts: a static router needs engines, and in Kubernetes modes
+        liveness must outlast the slowest discovery round."""
+        discovery, dead_after = self.discovery, self.health.discovery_dead_after
+        if discovery.mode is DiscoveryMode.STATIC:
+            if not discovery.backends:
+                raise ConfigError("--discovery static needs --backends URL[,URL...]")
+            return
+        slowest_round = discovery.backoff_max + max(
+            discovery.watch_idle_timeout, discovery.request_timeout
+        )
+        if dead_after <= slowest_round:
+            raise ConfigError(
+                f"--discovery-dead-after {dead_after:g}s must exceed --backoff-max "
+                "plus the longer of --watch-idle-timeout and --api-request-timeout "
+                f"({slowest_round:g}s): an unreachable API server alone must never fail /livez"
+            )
+
+
+def _require_positive(*values: tuple[str, float]) -> None:
+    for flag, value in values:
+        if value <= 0:
+            raise ConfigError(f"{flag} must be positive")
+
+
+def _check_backend_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ConfigError(f"--backends {url!r}: expected http://host:port (plain HTTP)")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"--backends {url!r}: {exc}") from None
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
@@ -187,94 +254,89 @@ def _split_backends(text: str) -> tuple[str, ...]:
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every `headcount serve` flag (DESIGN.md §3 is the contract)."""
-    d = Settings()
+    server_d, proxy_d, probe_d = ServerSettings(), ProxySettings(), ProbeSettings()
+    discovery_d, health_d = DiscoverySettings(), HealthSettings()
     server = parser.add_argument_group("server")
-    server.add_argument("--host", default=d.server.host)
-    server.add_argument("--port", type=_parse_port, default=d.server.port)
-    server.add_argument("--grpc-health-port", type=_parse_port, default=None)
-    server.add_argument("--log-format", choices=[f.value for f in LogFormat], default="text")
-    server.add_argument("--log-level", default=d.server.log_level)
+    server.add_argument("--host", default=server_d.host)
+    server.add_argument("--port", type=_parse_port, default=server_d.port)
+    server.add_argument("--grpc-health-port", type=_parse_port, default=server_d.grpc_health_port)
+    server.add_argument(
+        "--log-format", choices=[f.value for f in LogFormat], default=server_d.log_format.value
+    )
+    server.add_argument("--log-level", default=server_d.log_level)
 
     discovery = parser.add_argument_group("discovery")
     discovery.add_argument(
-        "--discovery", choices=[m.value for m in DiscoveryMode], default=d.discovery.mode.value
+        "--discovery", choices=[m.value for m in DiscoveryMode], default=discovery_d.mode.value
     )
-    discovery.add_argument("--backends", type=_split_backends, default=(), help="URL,URL,...")
-    discovery.add_argument("--kubeconfig", type=Path, default=None)
-    discovery.add_argument("--namespace", default=None)
-    discovery.add_argument("--label-selector", default="")
-    discovery.add_argument("--engine-port", type=_parse_port, default=d.discovery.engine_port)
+    discovery.add_argument(
+        "--backends", type=_split_backends, default=discovery_d.backends, help="URL,URL,..."
+    )
+    discovery.add_argument("--kubeconfig", type=Path, default=discovery_d.kubeconfig)
+    discovery.add_argument("--namespace", default=discovery_d.namespace)
+    discovery.add_argument("--label-selector", default=discovery_d.label_selector)
+    discovery.add_argument("--engine-port", type=_parse_port, default=discovery_d.engine_port)
     for flag, default in (
-        ("--watch-idle-timeout", d.discovery.watch_idle_timeout),
-        ("--watch-timeout-min", d.discovery.watch_timeout_min),
-        ("--watch-timeout-max", d.discovery.watch_timeout_max),
-        ("--api-request-timeout", d.discovery.request_timeout),
-        ("--api-connect-timeout", d.discovery.connect_timeout),
-        ("--backoff-initial", d.discovery.backoff_initial),
-        ("--backoff-max", d.discovery.backoff_max),
+        ("--watch-idle-timeout", discovery_d.watch_idle_timeout),
+        ("--watch-timeout-min", discovery_d.watch_timeout_min),
+        ("--watch-timeout-max", discovery_d.watch_timeout_max),
+        ("--api-request-timeout", discovery_d.request_timeout),
+        ("--api-connect-timeout", discovery_d.connect_timeout),
+        ("--backoff-initial", discovery_d.backoff_initial),
+        ("--backoff-max", discovery_d.backoff_max),
     ):
         discovery.add_argument(flag, type=parse_duration, default=default)
 
     proxy = parser.add_argument_group("routing and proxy")
     proxy.add_argument(
-        "--routing", choices=[r.value for r in RoutingName], default=d.proxy.routing.value
+        "--routing", choices=[r.value for r in RoutingName], default=proxy_d.routing.value
     )
-    proxy.add_argument("--connect-timeout", type=parse_duration, default=d.proxy.connect_timeout)
-    proxy.add_argument("--read-timeout", type=parse_duration, default=d.proxy.read_timeout)
-    proxy.add_argument("--max-failovers", type=int, default=d.proxy.max_failovers)
-    proxy.add_argument("--max-body-size", type=_parse_size, default=d.proxy.max_body_size)
+    proxy.add_argument("--connect-timeout", type=parse_duration, default=proxy_d.connect_timeout)
+    proxy.add_argument("--read-timeout", type=parse_duration, default=proxy_d.read_timeout)
+    proxy.add_argument("--max-failovers", type=int, default=proxy_d.max_failovers)
+    proxy.add_argument("--max-body-size", type=_parse_size, default=proxy_d.max_body_size)
 
     probe = parser.add_argument_group("engine probes")
-    probe.add_argument("--probe-interval", type=parse_duration, default=d.probe.interval)
-    probe.add_argument("--probe-timeout", type=parse_duration, default=d.probe.timeout)
-    probe.add_argument("--probe-concurrency", type=int, default=d.probe.concurrency)
-    probe.add_argument("--unhealthy-after", type=int, default=d.probe.unhealthy_after)
+    probe.add_argument("--probe-interval", type=parse_duration, default=probe_d.interval)
+    probe.add_argument("--probe-timeout", type=parse_duration, default=probe_d.timeout)
+    probe.add_argument("--probe-concurrency", type=int, default=probe_d.concurrency)
+    probe.add_argument("--unhealthy-after", type=int, default=probe_d.unhealthy_after)
 
     health = parser.add_argument_group("health and shutdown")
     for flag, default in (
-        ("--discovery-stale-after", d.health.discovery_stale_after),
-        ("--discovery-dead-after", d.health.discovery_dead_after),
-        ("--drain-delay", d.health.drain_delay),
-        ("--drain-timeout", d.health.drain_timeout),
+        ("--discovery-stale-after", health_d.discovery_stale_after),
+        ("--discovery-dead-after", health_d.discovery_dead_after),
+        ("--drain-delay", health_d.drain_delay),
+        ("--drain-timeout", health_d.drain_timeout),
     ):
         health.add_argument(flag, type=parse_duration, default=default)
-    health.add_argument("--ready-requires-engines", action="store_true")
-    health.add_argument("--ready-requires-fresh", action="store_true")
+    health.add_argument(
+        "--ready-requires-engines", action="store_true", default=health_d.ready_requires_engines
+    )
+    health.add_argument(
+        "--ready-requires-fresh", action="store_true", default=health_d.ready_requires_fresh
+    )
 
 
 def settings_from_args(ns: argparse.Namespace) -> Settings:
-    """Build and validate `Settings`; raise `ConfigError` naming the bad flag."""
-    mode = DiscoveryMode(ns.discovery)
-    backends = tuple(ns.backends)
-    if mode is DiscoveryMode.STATIC:
-        if not backends:
-            raise ConfigError("--discovery static needs --backends URL[,URL...]")
-        for url in backends:
-            _check_backend_url(url)
-    elif backends:
-        raise ConfigError(f"--backends only applies to --discovery static, not {mode.value}")
-    if ns.kubeconfig is not None and not ns.kubeconfig.is_file():
-        raise ConfigError(f"--kubeconfig {ns.kubeconfig}: no such file")
-    if ns.watch_timeout_min > ns.watch_timeout_max:
-        raise ConfigError("--watch-timeout-min must not exceed --watch-timeout-max")
-    if ns.max_failovers < 0:
-        raise ConfigError("--max-failovers must be 0 or more")
-    if ns.probe_concurrency < 1 or ns.unhealthy_after < 1:
-        raise ConfigError("--probe-concurrency and --unhealthy-after must be at least 1")
-    for flag in ("connect_timeout", "read_timeout", "probe_interval", "probe_timeout"):
-        if getattr(ns, flag) <= 0:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
-    if ns.watch_idle_timeout <= 0:
-        raise ConfigError("--watch-idle-timeout must be positive")
-    if mode is not DiscoveryMode.STATIC:
-        slowest_round = ns.backoff_max + max(ns.watch_idle_timeout, ns.api_request_timeout)
-        if ns.discovery_dead_after <= slowest_round:
-            raise ConfigError(
-                f"--discovery-dead-after {ns.discovery_dead_after:g}s must exceed --backoff-max "
-                "plus the longer of --watch-idle-timeout and --api-request-timeout "
-                f"({slowest_round:g}s): an unreachable API server alone must never fail /livez"
-            )
+    """Map the parsed flags to `Settings`, which validate themselves (`ConfigError`)."""
     return Settings(
+        # built first so that, of several bad flags, a discovery one is reported, as before
+        discovery=DiscoverySettings(
+            mode=DiscoveryMode(ns.discovery),
+            backends=ns.backends,
+            kubeconfig=ns.kubeconfig,
+            namespace=ns.namespace,
+            label_selector=ns.label_selector,
+            engine_port=ns.engine_port,
+            watch_idle_timeout=ns.watch_idle_timeout,
+            watch_timeout_min=ns.watch_timeout_min,
+            watch_timeout_max=ns.watch_timeout_max,
+            request_timeout=ns.api_request_timeout,
+            connect_timeout=ns.api_connect_timeout,
+            backoff_initial=ns.backoff_initial,
+            backoff_max=ns.backoff_max,
+        ),
         server=ServerSettings(
             host=ns.host,
             port=ns.port,
@@ -295,21 +357,6 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             concurrency=ns.probe_concurrency,
             unhealthy_after=ns.unhealthy_after,
         ),
-        discovery=DiscoverySettings(
-            mode=mode,
-            backends=tuple(url.rstrip("/") for url in backends),
-            kubeconfig=ns.kubeconfig,
-            namespace=ns.namespace,
-            label_selector=ns.label_selector,
-            engine_port=ns.engine_port,
-            watch_idle_timeout=ns.watch_idle_timeout,
-            watch_timeout_min=ns.watch_timeout_min,
-            watch_timeout_max=ns.watch_timeout_max,
-            request_timeout=ns.api_request_timeout,
-            connect_timeout=ns.api_connect_timeout,
-            backoff_initial=ns.backoff_initial,
-            backoff_max=ns.backoff_max,
-        ),
         health=HealthSettings(
             discovery_stale_after=ns.discovery_stale_after,
             discovery_dead_after=ns.discovery_dead_after,
@@ -319,13 +366,3 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             drain_timeout=ns.drain_timeout,
         ),
     )
-
-
-def _check_backend_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ConfigError(f"--backends {url!r}: expected http://host:port (plain HTTP)")
-    try:
-        _ = parts.port
-    except ValueError as exc:
-        raise ConfigError(f"--backends {url!r}: {exc}") from None
