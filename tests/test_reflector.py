@@ -292,6 +292,63 @@ async def test_jitter_spreads_the_back_off_between_one_and_two_times() -> None:
     assert len(set(clock.slept)) == len(clock.slept)
 
 
+class LongBackOffClock(FakeClock):
+    """A back-off of `LONG` seconds or more never ends on its own; shorter sleeps pass at once."""
+
+    LONG = 20.0
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds < self.LONG:
+            await super().sleep(seconds)
+            return
+        self.slept.append(seconds)
+        await asyncio.Event().wait()
+
+
+class AnswersWhenAsked(FakeListerWatcher):
+    """`reachable()` gives the scripted answers in turn, then never answers again."""
+
+    def __init__(self, *args: Any, answers: Sequence[bool]) -> None:
+        super().__init__(*args)
+        self.answers = deque(answers)
+
+    async def reachable(self) -> bool:
+        if not self.answers:
+            return await super().reachable()
+        return self.answers.popleft()
+
+
+@pytest.mark.parametrize(
+    ("lists", "watches", "answers"),
+    [
+        pytest.param(
+            [ApiUnreachable("LIST pods: connection refused"), ([], "1")],
+            [[Advance(2)]],
+            [False, False, True],
+            id="a refused LIST: back as soon as it answers",
+        ),
+        pytest.param(
+            [([], "1"), ([], "2")],
+            [[Advance(2), ApiUnreachable("WATCH pods: stream broken")], [Advance(2)]],
+            [True, False, True],
+            id="a broken watch: back once it was seen down and answers",
+        ),
+    ],
+)
+async def test_the_api_answering_again_cuts_the_back_off_short_on_the_injected_clock(
+    lists: list[Listing], watches: list[list[Step]], answers: list[bool]
+) -> None:
+    clock = LongBackOffClock()
+    fake = AnswersWhenAsked(clock, lists, watches, answers=answers)
+    timing = reflector_timing(DiscoverySettings(backoff_initial=clock.LONG))
+    reflector = reflector_for(fake, timing=timing)
+    await run_until_exhausted(fake, reflector)
+    assert clock.slept == [clock.LONG, 0.2, 0.2], "the back-off, then two reachability polls"
+    assert not fake.answers, "every scripted answer was asked for"
+    assert reflector.status.relists["error"] == 1 and reflector.status.last_error is None
+    assert reflector.status.last_list_success == pytest.approx(clock.now - 2), "relisted at once"
+
+
 async def test_back_off_starts_over_after_a_healthy_period() -> None:
     clock = FakeClock()
     refused = ApiUnreachable("LIST pods: connection refused")

@@ -253,7 +253,7 @@ class Reflector:
                     return
             else:
                 was_down = True
-            await asyncio.sleep(self._timing.reachability_poll * (1.0 + self._rng.random()))
+            await self._sleep(self._timing.reachability_poll * (1.0 + self._rng.random()))
 
     def _watch_timeout(self) -> int:
         low, high = self._timing.watch_timeout_min, self._timing.watch_timeout_max

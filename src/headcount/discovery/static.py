@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from headcount.clock import Clock
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet
 
@@ -26,11 +27,17 @@ def static_specs(urls: Sequence[str]) -> list[EngineSpec]:
 
 class StaticSource:
     def __init__(
-        self, fleet: Fleet, urls: Sequence[str], *, clock: Callable[[], float] = time.monotonic
+        self,
+        fleet: Fleet,
+        urls: Sequence[str],
+        *,
+        clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
     ) -> None:
         self._fleet = fleet
         self._urls = tuple(urls)
         self._clock = clock
+        self._wall_clock = wall_clock
         self.status = SourceStatus(name=SOURCE, kind=SOURCE, can_go_stale=False)
 
     async def run(self) -> None:
@@ -39,5 +46,5 @@ class StaticSource:
         self.status.synced = True
         self.status.last_list_success = now
         self.status.last_attempt_finished = now
-        self.status.wall_last_sync = time.time()
+        self.status.wall_last_sync = self._wall_clock()
         await asyncio.Event().wait()
