@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from headcount.clock import Sleep
 from headcount.config import ProbeSettings
 from headcount.fleet import Engine, Fleet, FleetChange, ProbeResult
 
@@ -79,9 +80,13 @@ def parse_vllm_load(text: str) -> tuple[float, float, float | None]:
 class Prober:
     """Keeps every engine's probe state current; start with `run()`, stop by cancelling it."""
 
-    def __init__(self, fleet: Fleet, settings: ProbeSettings) -> None:
+    def __init__(
+        self, fleet: Fleet, settings: ProbeSettings, *, sleep: Sleep = asyncio.sleep
+    ) -> None:
+        """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time."""
         self._fleet = fleet
         self._settings = settings
+        self._sleep = sleep
         self._limit = asyncio.Semaphore(settings.concurrency)
         self._probing: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -106,11 +111,11 @@ class Prober:
         """Probe every engine once, spread evenly over the interval: no probe storms."""
         engine_ids = tuple(self._fleet.snapshot.by_id)
         if not engine_ids:
-            await asyncio.sleep(self._settings.interval)
+            await self._sleep(self._settings.interval)
             return
         step = self._settings.interval / len(engine_ids)
         for engine_id in engine_ids:
-            await asyncio.sleep(step)
+            await self._sleep(step)
             self._probe_ids((engine_id,))
 
     def _on_fleet_change(self, change: FleetChange) -> None:
