@@ -29,7 +29,7 @@ from headcount.proxy import Proxy, start_server
 from headcount.routing import Policy, RoundRobin, RoutingName, make_policy
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from tests.support import wait_until
-from tests.test_upstream import EngineConnection, blackholed_listener, raw_engine
+from tests.test_upstream import EngineConnection, Script, blackholed_listener, raw_engine
 
 TIMEOUT = 10.0
 MODEL = "sim-model"
@@ -194,6 +194,123 @@ async def test_large_bodies_pass_through_byte_for_byte() -> None:
                 received.update(piece)
                 await asyncio.sleep(0)  # a client slower than the engine
         assert received.digest() == hashlib.sha256(big_response).digest()
+
+
+# -- one request, one response: an engine cannot plant an answer --------------------------
+
+PLANTED = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nplanted"
+"""What a hostile engine hopes the client takes as the answer to its next request."""
+
+
+def sends_one_write(data: bytes) -> Script:
+    async def script(conn: EngineConnection) -> None:
+        while await conn.read_request() is not None:
+            await conn.send(data)
+
+    return script
+
+
+def in_two_reads(first: bytes, second: bytes) -> Script:
+    async def script(conn: EngineConnection) -> None:
+        while await conn.read_request() is not None:
+            await conn.send(first)
+            await asyncio.sleep(0.05)  # a separate read on the router's side, not a wait
+            await conn.send(second)
+
+    return script
+
+
+async def chat_then_models(port: int) -> tuple[int, bytes, int | None, bytes]:
+    """A chat and then `GET /v1/models` on one keep-alive connection, raw.
+
+    Returns the chat's status and body, then the second answer's status and body, or None
+    if the router closed the connection after the chat.
+    """
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = json.dumps(chat()).encode()
+    try:
+        writer.write(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+            % (CHAT.encode(), len(body), body)
+        )
+        status, answer = await read_raw_response(reader)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        try:
+            second_status, second = await read_raw_response(reader)
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            return status, answer, None, b""
+        return status, answer, second_status, second
+    finally:
+        writer.close()
+
+
+async def read_raw_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    status = int(head.split(b" ", 2)[1])
+    lowered = head.lower()
+    if b"transfer-encoding: chunked" in lowered:
+        body = b""
+        while size := int(await asyncio.wait_for(reader.readuntil(b"\r\n"), TIMEOUT), 16):
+            body += (await asyncio.wait_for(reader.readexactly(size + 2), TIMEOUT))[:-2]
+        await asyncio.wait_for(reader.readexactly(2), TIMEOUT)
+        return status, body
+    length = int(lowered.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    return status, await asyncio.wait_for(reader.readexactly(length), TIMEOUT)
+
+
+HOSTILE_ANSWERS = {
+    "two responses in one write": (
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok" + PLANTED,
+        502,
+    ),
+    "a 1xx with a content-length before a chunked 200": (
+        b"HTTP/1.1 103 Early Hints\r\ncontent-length: %d\r\n\r\n" % len(PLANTED)
+        + b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        200,
+    ),
+    "a status below 100 with a body ahead of the 200": (
+        b"HTTP/1.1 099 X\r\ncontent-length: %d\r\n\r\n%s" % (len(PLANTED), PLANTED)
+        + b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        502,
+    ),
+    "a status above 599": (b"HTTP/1.1 600 X\r\ncontent-length: 7\r\n\r\nplanted", 502),
+    "a 101 nobody asked for": (
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n" + PLANTED,
+        502,
+    ),
+    "a response head over the limit": (
+        b"HTTP/1.1 200 OK\r\nx-big: %s\r\ncontent-length: 2\r\n\r\nok"
+        % (b"a" * (SETTINGS.max_header_size + 1)),
+        502,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_ANSWERS))
+async def test_a_hostile_engine_gets_exactly_one_answer_to_the_client(case: str) -> None:
+    answer, expected_status = HOSTILE_ANSWERS[case]
+    script = sends_one_write(answer)
+    async with raw_engine(script) as engine, routed(extra_urls=[engine.url]) as setup:
+        status, body, second_status, second = await chat_then_models(setup.port)
+        assert status == expected_status, body
+        assert b"planted" not in body
+        if expected_status == 200:
+            assert body == b"ok"
+        assert second_status == 200, "the client connection stays usable"
+        assert json.loads(second)["path"] == "/v1/models", second  # the router's own answer
+        status, _, _, _ = await chat_then_models(setup.port)
+        assert status == expected_status
+        assert engine.accepted == (1 if expected_status == 200 else 2), "reused after a violation"
+
+
+async def test_a_status_below_100_then_the_200_in_a_later_read_sends_no_byte_early() -> None:
+    first = b"HTTP/1.1 099 X\r\ncontent-length: %d\r\n\r\n%s" % (len(PLANTED), PLANTED)
+    later = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    async with raw_engine(in_two_reads(first, later)) as engine:
+        async with routed(extra_urls=[engine.url]) as setup:
+            status, body, second_status, second = await chat_then_models(setup.port)
+            assert status == 502 and b"protocol_violation" in body
+            assert second_status == 200 and json.loads(second)["path"] == "/v1/models"
 
 
 # -- headers --------------------------------------------------------------------------------

@@ -149,7 +149,13 @@ class Recorder:
 
 
 def make_pool(url: str, **overrides: float) -> UpstreamPool:
-    options = {"connect_timeout": 1.0, "read_timeout": 5.0, "idle_timeout": 5.0, "max_idle": 8}
+    options = {
+        "connect_timeout": 1.0,
+        "read_timeout": 5.0,
+        "idle_timeout": 5.0,
+        "max_idle": 8,
+        "max_head_size": 4096,
+    }
     options.update(overrides)
     return UpstreamPool(
         url,
@@ -157,6 +163,7 @@ def make_pool(url: str, **overrides: float) -> UpstreamPool:
         read_timeout=options["read_timeout"],
         idle_timeout=options["idle_timeout"],
         max_idle=int(options["max_idle"]),
+        max_head_size=int(options["max_head_size"]),
     )
 
 
@@ -169,6 +176,24 @@ async def exchange(pool: UpstreamPool, request: bytes = REQUEST) -> Recorder:
 
 
 # -- framing --------------------------------------------------------------------------------
+
+
+async def test_an_answer_before_the_whole_request_went_out_is_not_pooled() -> None:
+    # An engine that answers after the head alone would read the rest of the body as the
+    # next request: the connection must not carry another exchange.
+    async def answer_after_the_head(conn: EngineConnection) -> None:
+        await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+        await conn.send(OK_HELLO)
+        await asyncio.wait_for(conn.reader.read(), TIMEOUT)  # until the router closes
+
+    body = b"x" * (32 << 20)  # more than the socket buffers hold
+    request = b"POST / HTTP/1.1\r\nhost: e\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    async with raw_engine(answer_after_the_head) as engine:
+        pool = make_pool(engine.url)
+        result = await exchange(pool, request)
+        assert result.complete and result.body == b"hello"
+        assert pool.idle == 0
+        pool.close()
 
 
 async def test_content_length_response_is_delivered_and_connection_pooled() -> None:
@@ -351,7 +376,9 @@ async def test_pool_bounds_idle_connections() -> None:
 
 async def test_closing_a_pool_closes_its_idle_connections() -> None:
     async with raw_engine(answering(OK_HELLO)) as engine:
-        upstreams = Upstreams(connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8)
+        upstreams = Upstreams(
+            connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8, max_head_size=4096
+        )
         pool = upstreams.pool("engine-1", engine.url)
         assert upstreams.pool("engine-1", engine.url) is pool
         await exchange(pool)
@@ -367,7 +394,9 @@ async def test_closing_a_pool_closes_its_idle_connections() -> None:
 
 
 async def test_a_new_url_for_the_same_engine_gets_a_new_pool() -> None:
-    upstreams = Upstreams(connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8)
+    upstreams = Upstreams(
+        connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8, max_head_size=4096
+    )
     first = upstreams.pool("engine-1", "http://127.0.0.1:1")
     second = upstreams.pool("engine-1", "http://127.0.0.1:2")
     assert first is not second

@@ -74,7 +74,8 @@ class ProxySettings:
     max_body_size: int = 32 * 1024 * 1024
     """Requests carry prompts and base64 images; 32 MiB bounds memory per request."""
     max_header_size: int = 64 * 1024
-    """Request line plus header fields of one client request; more gets 431."""
+    """Request line plus header fields of one client request (more gets 431), and status line
+    plus header fields of one engine response (more is a protocol violation: 502)."""
     client_idle_timeout: float = 75.0
     """Idle client connections close after this; above the 60 s idle timeout of common load
     balancers, so that they, not we, close first (no race on a reused connection)."""

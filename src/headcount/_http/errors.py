@@ -10,11 +10,13 @@ boundary, so the proxy never inspects a foreign exception::
      │    └── StaleConnection    ... on a reused keep-alive connection the engine had closed
      ├── UpstreamTimeout     no byte within read_timeout (ConnectTimeout is one too)
      └── StreamBroken        closed, reset or malformed after the first response byte
+          └── ProtocolViolation  the engine broke HTTP/1.1 framing (see its docstring)
 
 What the proxy does with each: `ConnectFailed` ejects the engine and fails over;
 `NoResponse` fails over; `StaleConnection` retries once on a fresh connection
 to the same engine; `UpstreamTimeout` answers 504; `StreamBroken` is never
 retried: the engine may have done the work, and the client may have part of it.
+A connection that saw a `ProtocolViolation` is closed, never reused.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "ConnectFailed",
     "ConnectTimeout",
     "NoResponse",
+    "ProtocolViolation",
     "StaleConnection",
     "StreamBroken",
     "UpstreamError",
@@ -70,3 +73,14 @@ class StreamBroken(UpstreamError):
     """The response broke after its first byte: never retried."""
 
     reason = "stream_broken"
+
+
+class ProtocolViolation(StreamBroken):
+    """The engine broke HTTP/1.1 framing: a status outside 100-599, an unasked-for 101, bytes
+    after a complete response, a body on an interim response, a head over the limit.
+
+    Relaying any of it could put engine-crafted bytes where the client expects the answer to
+    its next request; the exchange ends here and the connection is closed.
+    """
+
+    reason = "protocol_violation"

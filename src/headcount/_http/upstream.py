@@ -15,6 +15,13 @@ by content-length, chunked, or the end of the connection. Idle connections leave
 the pool when the engine closes them, after `idle_timeout`, or when the pool
 closes (its engine left the fleet).
 
+One request, exactly one relayed response. Interim 1xx responses are dropped
+(RFC 9110 §15.2: no body; a 101 was never asked for and ends the exchange);
+no body byte is relayed before the final head; a status outside 100-599, a
+head over `max_head_size`, or any byte after the complete response is a
+`ProtocolViolation`. A connection goes back to its pool only after a clean,
+complete exchange whose request was fully written.
+
 Timers: one handle per connection for its whole life. It fires at least every
 `min(read_timeout, idle_timeout)` and compares the time against a deadline that
 each read only moves, so no request schedules or cancels anything.
@@ -35,6 +42,7 @@ from headcount._http.errors import (
     ConnectFailed,
     ConnectTimeout,
     NoResponse,
+    ProtocolViolation,
     StaleConnection,
     StreamBroken,
     UpstreamError,
@@ -84,6 +92,10 @@ class ResponseListener(Protocol):
         """The response will not complete; the connection is closed. Called at most once."""
 
 
+class _Violation(Exception):
+    """Raised from a parser callback to stop parsing; the reason is in `_violation`."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection to an engine, parsing responses with httptools."""
 
@@ -94,7 +106,10 @@ class UpstreamConnection(asyncio.Protocol):
         "_content_length",
         "_deadline",
         "_head",
+        "_head_raw",
+        "_head_size",
         "_headers",
+        "_in_head",
         "_interim",
         "_keep_alive",
         "_listener",
@@ -108,6 +123,7 @@ class UpstreamConnection(asyncio.Protocol):
         "_timer",
         "_transport",
         "_until_close",
+        "_violation",
         "closed",
     )
 
@@ -126,16 +142,24 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._received = False
-        self._reason = b""
-        self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._head: ResponseHead | None = None
-        self._content_length: int | None = None
-        self._chunked = False
         self._complete = False
         self._interim = False
         self._until_close = False
         self._keep_alive = True
+        self._violation = ""
+        self._head_raw = 0
+        self._new_message()
+
+    def _new_message(self) -> None:
+        """Forget what an interim response said: the final one brings its own head."""
+        self._reason = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._content_length: int | None = None
+        self._chunked = False
+        self._head_size = 0
+        self._in_head = False
 
     # -- used by the proxy --------------------------------------------------------------------
 
@@ -197,9 +221,22 @@ class UpstreamConnection(asyncio.Protocol):
         self._deadline = self._loop.time() + self._pool.read_timeout
         try:
             self._parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            self._fail(StreamBroken(f"malformed response: {exc}"))
+        except httptools.HttpParserUpgrade:
+            self._fail(ProtocolViolation("an upgrade nobody asked for"))
             return
+        except httptools.HttpParserError as exc:
+            if self._violation:
+                self._fail(ProtocolViolation(self._violation))
+            else:
+                self._fail(StreamBroken(f"malformed response: {exc}"))
+            return
+        if self._in_head:
+            # httptools joins a header value split over reads before calling on_header:
+            # bound what it may accumulate (counted per read, so up to one read over).
+            self._head_raw += len(data)
+            if self._head_raw > 2 * self._pool.max_head_size:
+                self._fail(ProtocolViolation(self._head_too_large()))
+                return
         head = self._head
         self._head = None
         parts = self._body
@@ -246,26 +283,34 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if self._complete:
-            self._keep_alive = False  # a second response in one exchange: out of sync
+            self._violate("bytes after the complete response")
+        self._new_message()
+        self._in_head = True
 
     def on_status(self, reason: bytes) -> None:
         self._reason += reason
+        self._count_head(len(reason))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         self._headers.append((name, value))
+        self._count_head(len(name) + len(value) + 4)
         if name == b"content-length":
             self._content_length = int(value)
         elif name == b"transfer-encoding":
             self._chunked = b"chunked" in value.lower()
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_raw = 0
         parser = self._parser
         status: int = parser.get_status_code()
+        if not 100 <= status <= 599:
+            self._violate(f"status {status} is outside 100-599")
         if status < 200:
-            self._interim = True  # 100 Continue and friends: the real response follows
-            self._headers = []
-            self._reason = b""
+            if status == 101:
+                self._violate("101 Switching Protocols, and no upgrade was asked for")
+            self._interim = True  # 100 Continue, 103 Early Hints: the final response follows
             return
         self._keep_alive = parser.should_keep_alive()
         length = self._content_length
@@ -273,6 +318,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._head = ResponseHead(status, self._reason, self._headers, length)
 
     def on_body(self, body: bytes) -> None:
+        if self._interim:
+            self._violate("a body on an interim response")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -283,13 +330,28 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _violate(self, what: str) -> None:
+        """Stop parsing: `data_received` turns this into a `ProtocolViolation`."""
+        self._violation = what
+        raise _Violation
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self._pool.max_head_size:
+            self._violate(self._head_too_large())
+
+    def _head_too_large(self) -> str:
+        return f"response head over {self._pool.max_head_size} bytes"
+
     def _release(self) -> None:
         # The last read moved the deadline to now + read_timeout; from now on it is idle.
         self._deadline += self._pool.idle_timeout - self._pool.read_timeout
-        if self._keep_alive and not self.closed:
+        transport = self._transport
+        unsent = transport is None or transport.get_write_buffer_size() > 0
+        if self._keep_alive and not self.closed and not unsent:
             self._pool.release(self)
         else:
-            self.close()
+            self.close()  # an answer before the whole request went out: the rest would desync
 
     def _fail(self, error: UpstreamError) -> None:
         listener = self._listener
@@ -324,6 +386,7 @@ class UpstreamPool:
         "host",
         "host_header",
         "idle_timeout",
+        "max_head_size",
         "max_idle",
         "port",
         "read_timeout",
@@ -339,6 +402,7 @@ class UpstreamPool:
         read_timeout: float,
         idle_timeout: float,
         max_idle: int,
+        max_head_size: int,
     ) -> None:
         parts = urlsplit(url)
         self.url = url
@@ -350,6 +414,7 @@ class UpstreamPool:
         self.idle_timeout = idle_timeout
         self.tick = min(read_timeout, idle_timeout)
         self.max_idle = max_idle
+        self.max_head_size = max_head_size
         self._idle: dict[UpstreamConnection, None] = {}
         self._closed = False
 
@@ -408,12 +473,15 @@ class Upstreams:
         read_timeout: float,
         idle_timeout: float,
         max_idle: int,
+        max_head_size: int,
     ) -> None:
-        """`idle_timeout` closes an idle connection, `max_idle` bounds them per engine."""
+        """`idle_timeout` closes an idle connection, `max_idle` bounds them per engine;
+        `max_head_size` bounds a response's status line and headers."""
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._idle_timeout = idle_timeout
         self._max_idle = max_idle
+        self._max_head_size = max_head_size
         self._pools: dict[str, UpstreamPool] = {}
 
     def pool(self, engine_id: str, url: str) -> UpstreamPool:
@@ -427,6 +495,7 @@ class Upstreams:
                 read_timeout=self._read_timeout,
                 idle_timeout=self._idle_timeout,
                 max_idle=self._max_idle,
+                max_head_size=self._max_head_size,
             )
             self._pools[engine_id] = pool
         return pool

@@ -75,6 +75,7 @@ class Proxy:
             read_timeout=settings.read_timeout,
             idle_timeout=settings.pool_idle_timeout,
             max_idle=settings.pool_max_idle,
+            max_head_size=settings.max_header_size,
         )
         self._context = ExchangeContext(
             fleet=fleet,
