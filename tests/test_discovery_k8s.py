@@ -48,7 +48,8 @@ from headcount.sim.apiserver import (
     make_service,
     running_apiserver,
 )
-from tests.support import free_port, wait_until
+from headcount.sim.loopback import free_port
+from tests.support import wait_until
 
 FAST = ReflectorTiming(backoff_initial=0.05, backoff_max=0.5)
 ENGINE = {"app": "vllm", "model": "llama"}
