@@ -125,12 +125,15 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
 
         await api.blackhole()
         blinded = time.monotonic()
+        # The wait outlasts the bound, so the bound is checked on when degraded was first seen.
         await wait_until_async(
             lambda: has_status(router, "degraded"),
-            timeout=STALE_AFTER + 2,
+            timeout=STALE_AFTER + 10,
+            interval=0.05,
             what="/health degraded after the API went silent",
         )
-        assert time.monotonic() - blinded <= STALE_AFTER + 2
+        degraded_after = time.monotonic() - blinded
+        assert degraded_after <= STALE_AFTER + 2, f"degraded {degraded_after:.2f}s after blinding"
         await wait_until_async(
             lambda: has_status(strict, "degraded"), timeout=2, what="strict router degraded"
         )
@@ -331,8 +334,12 @@ async def test_a_wedged_discovery_loop_fails_liveness_within_the_bound() -> None
         async def dead() -> bool:
             return await client.status_of("/livez") == 503
 
-        await wait_until_async(dead, timeout=dead_after + 2, what="/livez 503 on a wedged loop")
-        assert time.monotonic() - started <= dead_after + 2
+        # The wait outlasts the bound, so the bound is checked on when 503 was first seen.
+        await wait_until_async(
+            dead, timeout=dead_after + 10, interval=0.05, what="/livez 503 on a wedged loop"
+        )
+        dead_for = time.monotonic() - started
+        assert dead_for <= dead_after + 2, f"/livez failed {dead_for:.2f}s after it answered 200"
         status, text = await client.get("/livez?verbose")
         assert status == 503
         assert "[-]discovery:wedged failed: discovery loop wedged made no progress" in text
