@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ async def steady_traffic(
     model: str,
     *,
     every: float = 0.05,
+    poisson: bool = False,
     stream_every: int = 0,
     max_tokens: int = 2,
     timeout: float = 3.0,
@@ -51,7 +53,10 @@ async def steady_traffic(
 ) -> AsyncIterator[Traffic]:
     """A chat request to `model` every `every` seconds while in the block.
 
-    Every `stream_every`-th request streams (0: none does); a stream is ok only
+    With `poisson`, the gaps are random and `every` on average, as from many
+    independent clients: an engine then sees idle moments even under load,
+    which a fixed tick faster than an answer never leaves it. Every
+    `stream_every`-th request streams (0: none does); a stream is ok only
     if it ends with `[DONE]`. Each request is bounded by `timeout`, the whole
     by `max_requests` and `max_seconds`. Leaving the block stops the ticks and
     waits for the requests still in flight.
@@ -59,6 +64,7 @@ async def steady_traffic(
     traffic = Traffic()
     stop = asyncio.Event()
     deadline = time.monotonic() + max_seconds
+    gaps = random.Random()
 
     async def send_one(session: aiohttp.ClientSession, number: int) -> None:
         stream = stream_every > 0 and number % stream_every == 0
@@ -94,8 +100,9 @@ async def steady_traffic(
                 request = asyncio.create_task(send_one(session, traffic.sent))
                 in_flight.add(request)
                 request.add_done_callback(in_flight.discard)
+                gap = gaps.expovariate(1 / every) if poisson else every
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), every)
+                    await asyncio.wait_for(stop.wait(), gap)
             await asyncio.gather(*in_flight)
 
     task = asyncio.create_task(tick())
