@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from headcount.sim import loopback
+
 __all__ = [
     "CLK_TCK",
     "WRK_SCRIPT",
@@ -75,9 +77,7 @@ def enter_private_network() -> None:
 def free_port() -> int:
     """A loopback TCP port free right now and never handed out before in this run."""
     for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
+        port = loopback.free_port()
         if port not in _handed_out_ports:
             _handed_out_ports.add(port)
             return port

@@ -90,6 +90,7 @@ from headcount.discovery.reflector import ReflectorTiming
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Fleet, FleetChange
 from headcount.sim.apiserver import make_pod
+from headcount.sim.cluster import wait_until
 
 __all__ = ["Goals", "RunResult", "main"]
 
@@ -294,14 +295,6 @@ class _SnapshotReader:
             self.rebuilds += 1
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise BenchError(f"worker: timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(POLL_S)
-
-
 class _Router:
     """A fleet and its pod source, as `headcount serve --discovery k8s-pods` builds them."""
 
@@ -364,7 +357,9 @@ class _Router:
     async def _synced(self, expect: int) -> float:
         """Wait for the first LIST applied with `expect` engines; returns when it was applied."""
         status = self._live_status()
-        await _until(lambda: status.synced, 60, "the initial sync")
+        await wait_until(
+            lambda: status.synced, timeout=60, interval=POLL_S, what="the initial sync"
+        )
         engines = len(self._engine_ids())
         if engines != expect:
             raise BenchError(f"synced with {engines} engines, expected {expect}")
@@ -404,14 +399,15 @@ class _Router:
 
     async def relist_arm(self) -> JsonObject:
         status = self._live_status()
-        await _until(
+        await wait_until(
             lambda: (
                 status.watch_connected
                 and time.monotonic() - (status.last_attempt_started or math.inf)
                 > SHORT_WATCH_S + 0.2
             ),
-            30,
-            "a watch older than short_watch",
+            timeout=30,
+            interval=POLL_S,
+            what="a watch older than short_watch",
         )
         self.tally.reset()
         self._profile_on("relist")
@@ -419,12 +415,13 @@ class _Router:
 
     async def relist_await(self, since: float, relists: int) -> JsonObject:
         status = self._live_status()
-        await _until(
+        await wait_until(
             lambda: (
                 status.relists["watch-ended"] > relists and (status.last_list_success or 0) > since
             ),
-            30,
-            "the relist after the dropped watch",
+            timeout=30,
+            interval=POLL_S,
+            what="the relist after the dropped watch",
         )
         self._profile_off()
         return {
@@ -445,7 +442,12 @@ class _Router:
         return {}
 
     async def events_await(self) -> JsonObject:
-        await _until(lambda: self.tally.reached_at is not None, 120, "the last watch event")
+        await wait_until(
+            lambda: self.tally.reached_at is not None,
+            timeout=120,
+            interval=POLL_S,
+            what="the last watch event",
+        )
         cpu = time.process_time() - self._cpu_at_arm
         self._profile_off()
         self._reader.reading = False
@@ -477,7 +479,12 @@ class _Router:
         return {"engines": len(held), "blind": gone <= held}
 
     async def truth_await(self) -> JsonObject:
-        await _until(lambda: self.tally.reached_at is not None, 60, "the fleet equal to the truth")
+        await wait_until(
+            lambda: self.tally.reached_at is not None,
+            timeout=60,
+            interval=POLL_S,
+            what="the fleet equal to the truth",
+        )
         self._profile_off()
         return {
             "truth_at": self.tally.reached_at,

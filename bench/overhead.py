@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import importlib.util
 import json
 import os
 import platform
@@ -67,6 +66,10 @@ from _harness import (
     tree_cpu_seconds,
     wait_until,
 )
+
+from headcount.config import DiscoveryMode
+from headcount.routing import RoutingName
+from headcount.sim.cluster import RouterFlags, serve_command
 
 __all__ = ["TARGETS", "WORKLOADS", "Launch", "Target", "Workload", "main"]
 
@@ -121,20 +124,13 @@ class Target:
 
 
 def _headcount(launch: Launch) -> list[str]:
-    return [
-        str(VENV_BIN / "headcount"),
-        "serve",
-        "--discovery",
-        "static",
-        "--backends",
-        ",".join(launch.backends),
-        "--routing",
-        "round-robin",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(launch.port),
-    ]
+    flags = RouterFlags(
+        discovery=DiscoveryMode.STATIC,
+        backends=launch.backends,
+        routing=RoutingName.ROUND_ROBIN,
+    )
+    program = (str(VENV_BIN / "headcount"),)
+    return serve_command(flags, host="127.0.0.1", port=launch.port, program=program)
 
 
 def _vllm_router(launch: Launch) -> list[str]:
@@ -289,13 +285,6 @@ class Settings:
 # --- starting and checking targets ------------------------------------------------
 
 
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def _count_matching(node: object, key: str, value: object) -> int:
     if isinstance(node, dict):
         own = 1 if node.get(key) == value else 0
@@ -351,11 +340,6 @@ class Bench:
 
     def start_engines(self) -> None:
         template = self._settings.engine_cmd
-        if template == DEFAULT_ENGINE_CMD and not _module_exists("headcount.sim.engine"):
-            raise BenchError(
-                "the engine simulator headcount.sim.engine is not importable from "
-                f"{sys.executable}; run with .venv/bin/python or pass --engine-cmd"
-            )
         for index in range(1, ENGINES + 1):
             port = free_port()
             argv = shlex.split(

@@ -1,44 +1,44 @@
-"""Test helpers shared across the suite: polling with a deadline, free ports."""
+"""Test helpers shared across the suite: waits that fail the test, raw engines, the metric list.
+
+The simulated cluster, the router process and its client are the product's
+own harness (`headcount.sim.cluster`, `headcount.sim.loopback`); what is here
+only tests need: a wait that times out is an `AssertionError`, scripted
+engines that say exact bytes, and the metric families DESIGN.md promises.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import socket
-import sys
-import tempfile
-import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from typing import TypeVar
 
-import aiohttp
+from headcount.sim import cluster
 
-__all__ = ["RouterProcess", "free_port", "wait_until", "wait_until_async"]
+__all__ = [
+    "EXPORTED_METRICS",
+    "HISTOGRAMS",
+    "METRIC_LABELS",
+    "EngineConnection",
+    "RawEngine",
+    "Script",
+    "blackholed_listener",
+    "raw_engine",
+    "wait_until",
+    "wait_until_async",
+]
 
 T = TypeVar("T")
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+# ------------------------------------------------------------------ waiting
 
 
 async def wait_until(
     condition: Callable[[], T], *, timeout: float = 5.0, interval: float = 0.02, what: str = ""
 ) -> T:
-    """Poll `condition` until it returns a truthy value; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        await asyncio.sleep(interval)
+    """Poll `condition` until it returns a truthy value; fail the test after `timeout` seconds."""
+    return await _failing_on_timeout(condition, timeout, interval, what)
 
 
 async def wait_until_async(
@@ -48,106 +48,132 @@ async def wait_until_async(
     interval: float = 0.05,
     what: str = "",
 ) -> T:
-    """Like `wait_until`, for a condition that must be awaited (an HTTP call, say)."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = await condition()
-            if value:
-                return value
-        except Exception as exc:  # the condition may fail while the system converges
-            last_error = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout}s waiting for {what or condition}"
-                f" (last error: {last_error!r})"
-            )
-        await asyncio.sleep(interval)
+    """Like `wait_until`, for a condition that must be awaited (and may raise meanwhile)."""
+    return await _failing_on_timeout(condition, timeout, interval, what)
 
 
-class RouterProcess:
-    """`headcount serve` as a real child process on loopback, for scenario tests.
-
-    `async with RouterProcess(["--discovery", "static", ...]) as router:` starts it
-    on a free port, waits until it answers `/livez`, and on exit sends SIGTERM and
-    waits (bounded) for it to end. Its stderr is kept in `router.log_path`.
-    """
-
-    def __init__(
-        self, args: list[str], *, log_dir: Path | None = None, ready_timeout: float = 15.0
-    ):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._args = args
-        self._ready_timeout = ready_timeout
-        self._log_dir = log_dir or Path(tempfile.mkdtemp(prefix="headcount-router-"))
-        self.log_path = self._log_dir / f"router-{self.port}.log"
-        self.process: asyncio.subprocess.Process | None = None
-        self.returncode: int | None = None
-
-    async def __aenter__(self) -> RouterProcess:
-        self._log = self.log_path.open("wb")
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "headcount.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *self._args,
-            stdout=self._log,
-            stderr=self._log,
+async def _failing_on_timeout(
+    condition: Callable[[], T] | Callable[[], Awaitable[T]],
+    timeout: float,
+    interval: float,
+    what: str,
+) -> T:
+    try:
+        value: T = await cluster.wait_until(
+            condition, timeout=timeout, interval=interval, what=what
         )
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
+    return value
+
+
+# ------------------------------------------------------------------ engines that say exact bytes
+
+RAW_TIMEOUT = 5.0
+
+
+class EngineConnection:
+    """One accepted connection of a `RawEngine`, read request by request."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def read_request(self) -> tuple[bytes, bytes] | None:
+        """The next request's head and body, or None when the client closed."""
         try:
-            await wait_until_async(
-                self._answers, timeout=self._ready_timeout, what=f"router on {self.url}"
-            )
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    async def _answers(self) -> bool:
-        if self.process is not None and self.process.returncode is not None:
-            raise AssertionError(f"router exited with {self.process.returncode}: {self.log()}")
-        timeout = aiohttp.ClientTimeout(total=1)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(self.url + "/livez") as response:
-                return response.status in (200, 503)
-
-    async def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM, then wait; SIGKILL if it does not end within `timeout`."""
-        if self.process is None:
+            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), RAW_TIMEOUT)
+        except asyncio.IncompleteReadError:
             return None
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), timeout)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-        self.returncode = self.process.returncode
-        self._log.close()
-        return self.returncode
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        body = await asyncio.wait_for(self.reader.readexactly(length), RAW_TIMEOUT)
+        return head, body
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
 
-    async def get_json(self, path: str) -> Any:
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(self.url + path) as response:
-                return await response.json(content_type=None)
+    def close(self) -> None:
+        self.writer.close()
 
-    async def status_of(self, path: str) -> int:
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(self.url + path) as response:
-                await response.read()
-                return response.status
+
+Script = Callable[[EngineConnection], Awaitable[None]]
+
+
+class RawEngine:
+    """A loopback HTTP server whose every connection runs `script`; counts connections."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.accepted = 0
+        self.port = 0
+        self.url = ""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            await self.script(EngineConnection(reader, writer))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+@asynccontextmanager
+async def raw_engine(script: Script) -> AsyncIterator[RawEngine]:
+    engine = RawEngine(script)
+    server = await asyncio.start_server(engine._serve, "127.0.0.1", 0)
+    engine.port = server.sockets[0].getsockname()[1]
+    engine.url = f"http://127.0.0.1:{engine.port}"
+    try:
+        yield engine
+    finally:
+        server.close()
+
+
+@contextmanager
+def blackholed_listener() -> Iterator[int]:
+    """A port whose accept queue is full: further SYNs are dropped and connects hang."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        yield port
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+# ------------------------------------------------------------------ the metrics contract
+
+# The metric families DESIGN.md section 3 promises, as named in the exposition
+# format (counters with `_total`, histograms by their base name).
+METRIC_LABELS: dict[str, frozenset[str]] = {
+    "headcount_discovery_last_sync_timestamp_seconds": frozenset({"source"}),
+    "headcount_discovery_watch_connected": frozenset({"source"}),
+    "headcount_discovery_relists_total": frozenset({"source", "reason"}),
+    "headcount_discovery_reconcile_removed_total": frozenset({"source"}),
+    "headcount_engines": frozenset({"state"}),
+    "headcount_requests_total": frozenset({"model", "code"}),
+    "headcount_request_duration_seconds": frozenset({"model"}),
+    "headcount_time_to_first_byte_seconds": frozenset({"model"}),
+    "headcount_upstream_failovers_total": frozenset({"reason"}),
+    "headcount_engine_in_flight": frozenset({"engine"}),
+}
+EXPORTED_METRICS = frozenset(METRIC_LABELS)
+HISTOGRAMS = frozenset(
+    {"headcount_request_duration_seconds", "headcount_time_to_first_byte_seconds"}
+)

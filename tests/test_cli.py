@@ -5,15 +5,17 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from headcount.sim.cluster import PYTHON_CLI
+from headcount.sim.loopback import free_port
+
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "headcount.cli", "serve", "--host", "127.0.0.1", *args],
+        [*PYTHON_CLI, "serve", "--host", "127.0.0.1", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -64,11 +66,8 @@ def test_a_port_in_use_is_a_clear_error() -> None:
     ("command", "ready_line"), [("sim-engine", b"listening on"), ("sim-apiserver", b"serving")]
 )
 def test_simulators_exit_cleanly_on_sigterm(command: str, ready_line: bytes) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "headcount.cli", command, "--port", str(port)],
+        [*PYTHON_CLI, command, "--port", str(free_port())],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

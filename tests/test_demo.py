@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
+
+from headcount.sim.cluster import PYTHON_CLI
 
 DEMO_TIMEOUT = 120.0
 
 
 async def test_the_demo_runs_by_itself_and_reports_zero_failures() -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "headcount.cli",
+        *PYTHON_CLI,
         "demo",
         "--duration",
         "1.5",

@@ -31,8 +31,9 @@ import pytest
 import yaml
 
 from headcount.config import add_serve_arguments, settings_from_args
+from tests.support import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS
 
-__all__ = ["EXPORTED_METRICS", "HISTOGRAMS", "METRIC_LABELS"]
+__all__: list[str] = []
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -42,24 +43,6 @@ DASHBOARD = DEPLOY / "grafana" / "headcount.json"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
-# The metric families DESIGN.md section 3 promises, as named in the exposition
-# format (counters with `_total`, histograms by their base name).
-METRIC_LABELS: dict[str, frozenset[str]] = {
-    "headcount_discovery_last_sync_timestamp_seconds": frozenset({"source"}),
-    "headcount_discovery_watch_connected": frozenset({"source"}),
-    "headcount_discovery_relists_total": frozenset({"source", "reason"}),
-    "headcount_discovery_reconcile_removed_total": frozenset({"source"}),
-    "headcount_engines": frozenset({"state"}),
-    "headcount_requests_total": frozenset({"model", "code"}),
-    "headcount_request_duration_seconds": frozenset({"model"}),
-    "headcount_time_to_first_byte_seconds": frozenset({"model"}),
-    "headcount_upstream_failovers_total": frozenset({"reason"}),
-    "headcount_engine_in_flight": frozenset({"engine"}),
-}
-EXPORTED_METRICS = frozenset(METRIC_LABELS)
-HISTOGRAMS = frozenset(
-    {"headcount_request_duration_seconds", "headcount_time_to_first_byte_seconds"}
-)
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 # Labels Prometheus attaches at scrape time (or Kubernetes service discovery does).
 _TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod"})

@@ -49,7 +49,8 @@ from headcount.sim.apiserver import (
     make_service,
     running_apiserver,
 )
-from tests.support import free_port, wait_until
+from headcount.sim.loopback import free_port
+from tests.support import wait_until
 
 PODS = DiscoverySettings(
     mode=DiscoveryMode.K8S_PODS,

@@ -28,8 +28,7 @@ from headcount.metrics import Metrics
 from headcount.proxy import Proxy, start_server
 from headcount.routing import Policy, RoundRobin, RoutingName, make_policy
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
-from tests.support import wait_until
-from tests.test_upstream import EngineConnection, Script, blackholed_listener, raw_engine
+from tests.support import EngineConnection, Script, blackholed_listener, raw_engine, wait_until
 
 TIMEOUT = 10.0
 MODEL = "sim-model"

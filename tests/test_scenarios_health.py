@@ -18,6 +18,7 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,16 @@ from headcount.discovery.listwatch import KubeObject, WatchEvent
 from headcount.discovery.pods import PodSource
 from headcount.discovery.source import DiscoverySource, SourceStatus
 from headcount.fleet import Fleet
-from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver
-from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
-from tests.support import RouterProcess, free_port, wait_until, wait_until_async
+from headcount.sim.cluster import (
+    RouterClient,
+    RouterFlags,
+    RouterProcess,
+    SimCluster,
+    Timings,
+    sim_cluster,
+)
+from headcount.sim.loopback import free_port
+from tests.support import wait_until, wait_until_async
 
 __all__: list[str] = []
 
@@ -54,6 +62,18 @@ ENGINE_IP = "127.0.0.2"
 STALE_AFTER = 2.0
 DEAD_AFTER = 3.0
 """Shorter than the blind period, so a liveness that followed API errors would fail."""
+TIMINGS = Timings(
+    probe_interval=0.5,
+    watch_idle_timeout=1,
+    api_request_timeout=1,
+    api_connect_timeout=0.5,
+    backoff_initial=0.1,
+    backoff_max=0.5,
+    discovery_stale_after=STALE_AFTER,
+    discovery_dead_after=DEAD_AFTER,
+    drain_delay=0,
+    drain_timeout=1,
+)
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=3)
 GRPC_TIMEOUT = 3.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -64,52 +84,20 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @contextlib.asynccontextmanager
-async def one_pod_cluster() -> AsyncIterator[tuple[ApiServerSim, SimEngine]]:
+async def one_pod_cluster(tmp_path: Path) -> AsyncIterator[SimCluster]:
     """The emulator with one ready engine pod whose simulated engine listens on its pod IP."""
-    async with running_apiserver(ApiServerSimConfig(bookmark_interval=0.3)) as api:
-        async with running_engine(EngineSimConfig(host=ENGINE_IP, model=MODEL)) as engine:
-            api.apply_pod(
-                make_pod(
-                    "engine-0",
-                    namespace=NAMESPACE,
-                    labels={"app": "engine", "model": MODEL},
-                    ip=ENGINE_IP,
-                    port=engine.port,
-                )
-            )
-            yield api, engine
+    cluster = sim_cluster(tmp_path, [ENGINE_IP], namespace=NAMESPACE, bookmark_interval=0.3)
+    async with cluster as one_pod:
+        await one_pod.add_engine("engine-0", ENGINE_IP, model=MODEL)
+        yield one_pod
 
 
-def k8s_router_args(api: ApiServerSim, engine: SimEngine, tmp_path: Path) -> list[str]:
-    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
-    return [
-        "--discovery=k8s-pods",
-        f"--kubeconfig={kubeconfig}",
-        f"--namespace={NAMESPACE}",
-        "--label-selector=app=engine",
-        f"--engine-port={engine.port}",
-        "--probe-interval=0.5",
-        "--watch-idle-timeout=1",
-        "--api-request-timeout=1",
-        "--api-connect-timeout=0.5",
-        "--backoff-initial=0.1",
-        "--backoff-max=0.5",
-        f"--discovery-stale-after={STALE_AFTER:g}",
-        f"--discovery-dead-after={DEAD_AFTER:g}",
-        "--drain-delay=0",
-        "--drain-timeout=1",
-    ]
-
-
-async def get(url: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
-        async with session.get(url) as response:
-            return response.status, await response.text()
+def k8s_router(cluster: SimCluster) -> RouterFlags:
+    return cluster.router_flags(TIMINGS)
 
 
 async def health_status(router: RouterProcess) -> str:
-    body: dict[str, Any] = await router.get_json("/health")
-    status: str = body["status"]
+    status: str = (await router.client.health())["status"]
     return status
 
 
@@ -124,27 +112,29 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
     tmp_path: Path,
 ) -> None:
     async with (
-        one_pod_cluster() as (api, engine),
-        RouterProcess(k8s_router_args(api, engine, tmp_path)) as router,
-        RouterProcess(
-            [*k8s_router_args(api, engine, tmp_path), "--ready-requires-fresh"]
-        ) as strict,
+        one_pod_cluster(tmp_path) as cluster,
+        RouterProcess(k8s_router(cluster)) as router,
+        RouterProcess(replace(k8s_router(cluster), ready_requires_fresh=True)) as strict,
     ):
+        api, client = cluster.api, router.client
         for each in (router, strict):
             await wait_until_async(
                 functools.partial(has_status, each, "ok"), timeout=10, what="synced and probed"
             )
-        assert await router.status_of("/readyz") == 200
-        assert await strict.status_of("/readyz") == 200
+        assert await client.status_of("/readyz") == 200
+        assert await strict.client.status_of("/readyz") == 200
 
         await api.blackhole()
         blinded = time.monotonic()
+        # The wait outlasts the bound, so the bound is checked on when degraded was first seen.
         await wait_until_async(
             lambda: has_status(router, "degraded"),
-            timeout=STALE_AFTER + 2,
+            timeout=STALE_AFTER + 10,
+            interval=0.05,
             what="/health degraded after the API went silent",
         )
-        assert time.monotonic() - blinded <= STALE_AFTER + 2
+        degraded_after = time.monotonic() - blinded
+        assert degraded_after <= STALE_AFTER + 2, f"degraded {degraded_after:.2f}s after blinding"
         await wait_until_async(
             lambda: has_status(strict, "degraded"), timeout=2, what="strict router degraded"
         )
@@ -155,22 +145,22 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
         polls = 0
         while time.monotonic() < deadline and polls < 200:
             polls += 1
-            assert await router.status_of("/livez") == 200, await get(router.url + "/livez?verbose")
-            assert await strict.status_of("/livez") == 200
-            assert await router.status_of("/readyz") == 200
-            assert await strict.status_of("/readyz") == 503
+            assert await client.status_of("/livez") == 200, await client.get("/livez?verbose")
+            assert await strict.client.status_of("/livez") == 200
+            assert await client.status_of("/readyz") == 200
+            assert await strict.client.status_of("/readyz") == 503
             assert await health_status(router) == "degraded"
             await asyncio.sleep(0.1)
         assert polls >= 5
 
-        status, text = await get(strict.url + "/readyz?verbose")
+        status, text = await strict.client.get("/readyz?verbose")
         assert status == 503
         assert "[-]fresh failed: discovery stale: k8s-pods" in text
         assert "[+]synced ok" in text
-        assert await strict.status_of("/readyz/fresh") == 503
-        assert await strict.status_of("/readyz/synced") == 200
+        assert await strict.client.status_of("/readyz/fresh") == 503
+        assert await strict.client.status_of("/readyz/synced") == 200
         for each in (router, strict):
-            body = await each.get_json("/health")
+            body = await each.client.health()
             assert body["reasons"] == ["discovery stale: k8s-pods"], "said once, even when strict"
             assert body["sources"][0]["last_error"]
 
@@ -179,35 +169,36 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
             await wait_until_async(
                 functools.partial(has_status, each, "ok"), timeout=5, what="ok after restore"
             )
-        assert await strict.status_of("/readyz") == 200
-        assert await router.status_of("/readyz") == 200
+        assert await strict.client.status_of("/readyz") == 200
+        assert await client.status_of("/readyz") == 200
 
 
 async def test_health_is_unavailable_until_the_first_sync(tmp_path: Path) -> None:
-    async with one_pod_cluster() as (api, engine):
-        await api.refuse()
-        async with RouterProcess(k8s_router_args(api, engine, tmp_path)) as router:
+    async with one_pod_cluster(tmp_path) as cluster:
+        await cluster.api.refuse()
+        async with RouterProcess(k8s_router(cluster)) as router:
+            client = router.client
             async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
                 async with session.get(router.url + "/health") as response:
                     assert response.status == 503
                     body = await response.json()
             assert body["status"] == "unavailable"
             assert "first sync not done: k8s-pods" in body["reasons"]
-            assert await router.status_of("/readyz") == 503
-            assert await get(router.url + "/readyz?verbose") == (
+            assert await client.status_of("/readyz") == 503
+            assert await client.get("/readyz?verbose") == (
                 503,
                 "[-]synced failed: first sync not done: k8s-pods\n"
                 "[+]shutdown ok\n"
                 "readyz check failed\n",
             )
-            assert await router.status_of("/livez") == 200
+            assert await client.status_of("/livez") == 200
 
-            await api.restore()
+            await cluster.api.restore()
             await wait_until_async(
                 lambda: has_status(router, "ok"), timeout=10, what="ok once the API answers"
             )
-            assert await router.status_of("/health") == 200
-            assert await router.status_of("/readyz") == 200
+            assert await client.status_of("/health") == 200
+            assert await client.status_of("/readyz") == 200
 
 
 # ------------------------------------------------------------------ gRPC health
@@ -222,13 +213,13 @@ async def grpc_check(stub: Any, service: str) -> int:
 
 async def test_grpc_readiness_fails_on_sigterm_while_liveness_serves(tmp_path: Path) -> None:
     grpc_port = free_port()
-    async with one_pod_cluster() as (api, engine):
-        args = [
-            *k8s_router_args(api, engine, tmp_path),
-            f"--grpc-health-port={grpc_port}",
-            "--drain-delay=1.5",
-        ]
-        async with RouterProcess(args) as router:
+    async with one_pod_cluster(tmp_path) as cluster:
+        flags = replace(
+            k8s_router(cluster),
+            grpc_health_port=grpc_port,
+            timings=replace(TIMINGS, drain_delay=1.5),
+        )
+        async with RouterProcess(flags) as router:
             assert router.process is not None
             async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
@@ -307,8 +298,10 @@ class WatchWithoutTimeout:
 
 
 @contextlib.asynccontextmanager
-async def in_process_router(source: DiscoverySource, *, dead_after: float) -> AsyncIterator[str]:
-    """A `Router` on a free port with `source` as its only discovery; yields its URL.
+async def in_process_router(
+    source: DiscoverySource, *, dead_after: float
+) -> AsyncIterator[RouterClient]:
+    """A `Router` on a free port with `source` as its only discovery; yields a client for it.
 
     Its discovery bounds are short, so that a `dead_after` of seconds passes the settings' check.
     """
@@ -332,36 +325,35 @@ async def in_process_router(source: DiscoverySource, *, dead_after: float) -> As
     router = Router(settings, Fleet(unhealthy_after=settings.probe.unhealthy_after), [source])
     stop = asyncio.Event()
     task = asyncio.create_task(router.run(stop))
-    url = f"http://127.0.0.1:{port}"
+    client = RouterClient(f"http://127.0.0.1:{port}")
     try:
-        await wait_until_async(lambda: get(url + "/readyz"), timeout=5, what="router listening")
-        yield url
+        await wait_until_async(lambda: client.get("/readyz"), timeout=5, what="router listening")
+        yield client
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
 
 
-async def livez(url: str) -> int:
-    status, _ = await get(url + "/livez")
-    return status
-
-
 async def test_a_wedged_discovery_loop_fails_liveness_within_the_bound() -> None:
     dead_after = 1.5
-    async with in_process_router(WedgedSource(), dead_after=dead_after) as url:
-        assert await livez(url) == 200
+    async with in_process_router(WedgedSource(), dead_after=dead_after) as client:
+        assert await client.status_of("/livez") == 200
         started = time.monotonic()
 
         async def dead() -> bool:
-            return await livez(url) == 503
+            return await client.status_of("/livez") == 503
 
-        await wait_until_async(dead, timeout=dead_after + 2, what="/livez 503 on a wedged loop")
-        assert time.monotonic() - started <= dead_after + 2
-        status, text = await get(url + "/livez?verbose")
+        # The wait outlasts the bound, so the bound is checked on when 503 was first seen.
+        await wait_until_async(
+            dead, timeout=dead_after + 10, interval=0.05, what="/livez 503 on a wedged loop"
+        )
+        dead_for = time.monotonic() - started
+        assert dead_for <= dead_after + 2, f"/livez failed {dead_for:.2f}s after it answered 200"
+        status, text = await client.get("/livez?verbose")
         assert status == 503
         assert "[-]discovery:wedged failed: discovery loop wedged made no progress" in text
         assert f"(bound {dead_after:g}s)" in text
-        assert await get(url + "/readyz") == (200, "ok\n")
+        assert await client.get("/readyz") == (200, "ok\n")
 
 
 async def test_a_real_reflector_hung_on_a_call_without_timeout_fails_liveness() -> None:
@@ -375,25 +367,25 @@ async def test_a_real_reflector_hung_on_a_call_without_timeout_fails_liveness() 
         timing=reflector_timing(settings),
         name="hung",
     )
-    async with in_process_router(source, dead_after=dead_after) as url:
+    async with in_process_router(source, dead_after=dead_after) as client:
 
         async def dead() -> bool:
-            return await livez(url) == 503
+            return await client.status_of("/livez") == 503
 
         await wait_until_async(dead, timeout=dead_after + 2, what="/livez 503 on a hung reflector")
-        status, text = await get(url + "/livez?verbose")
+        status, text = await client.get("/livez?verbose")
         assert status == 503
         assert "[-]discovery:hung failed: discovery loop hung made no progress" in text
-        assert await get(url + "/readyz") == (200, "ok\n")
+        assert await client.get("/readyz") == (200, "ok\n")
 
 
 async def test_a_crashed_discovery_loop_fails_liveness_at_once_and_says_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.ERROR, logger="headcount.app")
-    async with in_process_router(CrashingSource(), dead_after=3600) as url:
+    async with in_process_router(CrashingSource(), dead_after=3600) as client:
         await wait_until(lambda: caplog.records, timeout=2, what="the error log line")
-        status, text = await get(url + "/livez?verbose")
+        status, text = await client.get("/livez?verbose")
         assert status == 503
         assert "[-]discovery:crashing failed: discovery loop crashing has stopped" in text
     (record,) = [r for r in caplog.records if r.name == "headcount.app"]

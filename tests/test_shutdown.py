@@ -20,8 +20,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from headcount.config import DiscoveryMode
+from headcount.sim.cluster import RouterFlags, RouterProcess, Timings
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
-from tests.support import RouterProcess, wait_until, wait_until_async
+from tests.support import wait_until, wait_until_async
 
 __all__: list[str] = []
 
@@ -38,17 +40,15 @@ HTTP_TIMEOUT = aiohttp.ClientTimeout(total=15)
 async def router_before(
     engine: SimEngine, *, drain_delay: float, drain_timeout: float
 ) -> AsyncIterator[RouterProcess]:
-    args = [
-        "--discovery=static",
-        f"--backends={engine.url}",
-        "--probe-interval=0.2",
-        f"--drain-delay={drain_delay:g}",
-        f"--drain-timeout={drain_timeout:g}",
-    ]
-    async with RouterProcess(args) as router:
+    flags = RouterFlags(
+        discovery=DiscoveryMode.STATIC,
+        backends=(engine.url,),
+        timings=Timings(probe_interval=0.2, drain_delay=drain_delay, drain_timeout=drain_timeout),
+    )
+    async with RouterProcess(flags) as router:
 
         async def routable() -> bool:
-            body = await router.get_json("/health")
+            body = await router.client.health()
             return bool(body["status"] == "ok")
 
         await wait_until_async(routable, timeout=10, what="engine probed and routable")
@@ -108,14 +108,6 @@ def content_of(body: bytes) -> tuple[str, list[str | None]]:
     return "".join(text), reasons
 
 
-async def chat(url: str) -> int:
-    payload = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
-        async with session.post(url + "/v1/chat/completions", json=payload) as response:
-            await response.read()
-            return response.status
-
-
 async def refuses_connections(port: int) -> bool:
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1)
@@ -138,7 +130,7 @@ async def test_sigterm_fails_readiness_keeps_serving_then_lets_the_stream_finish
         router_before(engine, drain_delay=drain_delay, drain_timeout=drain_timeout) as router,
     ):
         assert router.process is not None
-        assert await router.status_of("/readyz") == 200
+        assert await router.client.status_of("/readyz") == 200
         stream = Stream(router.url, tokens=30)  # about 1.5 s
         await asyncio.wait_for(stream.started.wait(), 5)
 
@@ -146,11 +138,12 @@ async def test_sigterm_fails_readiness_keeps_serving_then_lets_the_stream_finish
         signalled = time.monotonic()
 
         async def not_ready() -> bool:
-            return await router.status_of("/readyz") == 503
+            return await router.client.status_of("/readyz") == 503
 
         await wait_until_async(not_ready, timeout=0.5, interval=0.02, what="/readyz 503")
-        assert await router.status_of("/livez") == 200
-        assert await chat(router.url) == 200, "new requests are served during the drain delay"
+        assert await router.client.status_of("/livez") == 200
+        status, _ = await router.client.chat(MODEL, max_tokens=1)
+        assert status == 200, "new requests are served during the drain delay"
         assert time.monotonic() - signalled < drain_delay, "the request came after the delay"
 
         body = await stream.finished(timeout=drain_delay + drain_timeout)
@@ -226,7 +219,7 @@ async def test_a_second_signal_skips_the_rest_of_the_drain() -> None:
         router.process.send_signal(signal.SIGTERM)
 
         async def draining() -> bool:
-            return await router.status_of("/readyz") == 503
+            return await router.client.status_of("/readyz") == 503
 
         await wait_until_async(draining, timeout=5, what="the first signal taken")
         router.process.send_signal(signal.SIGTERM)

@@ -29,7 +29,8 @@ from headcount.sim.engine import (
     config_from_args,
     running_engine,
 )
-from tests.support import free_port, wait_until, wait_until_async
+from headcount.sim.loopback import free_port
+from tests.support import wait_until, wait_until_async
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 

@@ -3,9 +3,10 @@
 `headcount serve` runs as a child process in front of simulated engines; the
 clients are the ones users run, so what they accept (SSE framing, error
 bodies, model lists) is what is tested. The `/metrics` export is checked
-against the families DESIGN.md promises (the list `test_deploy.py` pins for
-the alert rules and dashboard), after real traffic, a failover and discovery
-from the API server emulator, and an engine's series must go with its pod.
+against the families DESIGN.md promises (tests/support.py lists them; the alert
+rules and dashboard are held to the same list), after real traffic, a failover
+and discovery from the API server emulator, and an engine's series must go
+with its pod.
 """
 
 from __future__ import annotations
@@ -13,20 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
-import aiohttp
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver
-from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine, start_engine
-from tests.support import RouterProcess, wait_until_async
-from tests.test_deploy import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS
+from headcount.config import DiscoveryMode
+from headcount.routing import RoutingName
+from headcount.sim.cluster import RouterFlags, RouterProcess, SimCluster, Timings, sim_cluster
+from headcount.sim.engine import EngineSimConfig, running_engine
+from tests.support import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS, wait_until_async
 
 __all__: list[str] = []
 
@@ -36,7 +37,6 @@ MODEL = "sim-model"
 ADAPTER = "sql-lora"
 CLIENT_TIMEOUT = 10.0
 CURL = shutil.which("curl") or "/usr/bin/curl"
-HTTP_TIMEOUT = aiohttp.ClientTimeout(total=5)
 
 
 # ------------------------------------------------------------------ static mode, real clients
@@ -49,12 +49,11 @@ async def static_router() -> AsyncIterator[RouterProcess]:
         running_engine(EngineSimConfig(model=MODEL, adapters=(ADAPTER,), name="a")) as a,
         running_engine(EngineSimConfig(model=MODEL, adapters=(ADAPTER,), name="b")) as b,
         RouterProcess(
-            [
-                "--discovery=static",
-                f"--backends={a.url},{b.url}",
-                "--probe-interval=0.2",
-                "--drain-delay=0",
-            ]
+            RouterFlags(
+                discovery=DiscoveryMode.STATIC,
+                backends=(a.url, b.url),
+                timings=Timings(probe_interval=0.2, drain_delay=0),
+            )
         ) as router,
     ):
         await wait_until_async(
@@ -64,7 +63,7 @@ async def static_router() -> AsyncIterator[RouterProcess]:
 
 
 async def routable_count(router: RouterProcess, wanted: int) -> bool:
-    body = await router.get_json("/health")
+    body = await router.client.health()
     return bool(body["engines"]["routable"] == wanted)
 
 
@@ -197,60 +196,14 @@ NAMESPACE = "default"
 POD_IPS = ("127.0.0.2", "127.0.0.3")
 
 
-def free_port_on_all(hosts: tuple[str, ...]) -> int:
-    """A port free on every one of `hosts`: engine pods share one port, each on its own IP."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((hosts[0], 0))
-            port: int = probe.getsockname()[1]
-        try:
-            for host in hosts[1:]:
-                with socket.socket() as sock:
-                    sock.bind((host, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no port free on all pod IPs")
-
-
 @contextlib.asynccontextmanager
-async def two_pod_cluster(
-    tmp_path: Path,
-) -> AsyncIterator[tuple[ApiServerSim, list[SimEngine], list[str]]]:
+async def two_pod_cluster(tmp_path: Path) -> AsyncIterator[tuple[SimCluster, RouterFlags]]:
     """Two engine pods (`good`, `flaky`) on their own loopback IPs, and a router's flags."""
-    port = free_port_on_all(POD_IPS)
-    async with running_apiserver(ApiServerSimConfig(bookmark_interval=0.5)) as api:
-        engines = [
-            await start_engine(EngineSimConfig(host=ip, port=port, model=MODEL, name=name))
-            for ip, name in zip(POD_IPS, ("good", "flaky"), strict=True)
-        ]
-        try:
-            for engine, ip in zip(engines, POD_IPS, strict=True):
-                api.apply_pod(
-                    make_pod(
-                        engine.name, labels={"app": "engine", "model": MODEL}, ip=ip, port=port
-                    )
-                )
-            args = [
-                "--discovery=k8s-pods",
-                f"--kubeconfig={api.kubeconfig(tmp_path / 'kubeconfig', namespace=NAMESPACE)}",
-                "--label-selector=app=engine",
-                f"--engine-port={port}",
-                "--routing=round-robin",
-                "--probe-interval=30",
-                "--drain-delay=0",
-            ]
-            yield api, engines, args
-        finally:
-            for engine in engines:
-                await engine.stop()
-
-
-async def scrape(router: RouterProcess) -> str:
-    async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
-        async with session.get(router.url + "/metrics") as response:
-            assert response.status == 200
-            return await response.text()
+    async with sim_cluster(tmp_path, POD_IPS, namespace=NAMESPACE) as cluster:
+        for ip, name in zip(POD_IPS, ("good", "flaky"), strict=True):
+            await cluster.add_engine(name, ip, model=MODEL)
+        flags = cluster.router_flags(Timings(probe_interval=30, drain_delay=0))
+        yield cluster, replace(flags, routing=RoutingName.ROUND_ROBIN)
 
 
 def exported(text: str) -> dict[str, list[Sample]]:
@@ -269,29 +222,23 @@ def exported(text: str) -> dict[str, list[Sample]]:
 
 
 async def send_chats(router: RouterProcess, count: int) -> list[int]:
-    payload = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    statuses = []
-    async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
-        for _ in range(count):
-            async with session.post(router.url + "/v1/chat/completions", json=payload) as response:
-                await response.read()
-                statuses.append(response.status)
-    return statuses
+    return [(await router.client.chat(MODEL))[0] for _ in range(count)]
 
 
 async def test_metrics_export_exactly_the_design_families_with_their_labels(
     tmp_path: Path,
 ) -> None:
     async with (
-        two_pod_cluster(tmp_path) as (_, engines, args),
-        RouterProcess(args) as router,
+        two_pod_cluster(tmp_path) as (cluster, flags),
+        RouterProcess(flags) as router,
     ):
         await wait_until_async(lambda: routable_count(router, 2), timeout=10, what="2 routable")
         assert await send_chats(router, 4) == [200] * 4
-        await engines[1].set_fail_mode("refuse")  # still Ready in the API, probes far apart
+        flaky = cluster.engines["flaky"]
+        await flaky.set_fail_mode("refuse")  # still Ready in the API, probes far apart
         assert await send_chats(router, 4) == [200] * 4, "refused connects fail over"
 
-        families = exported(await scrape(router))
+        families = exported(await router.client.metrics())
 
     assert set(families) == EXPORTED_METRICS, (
         f"missing {sorted(EXPORTED_METRICS - set(families))}, "
@@ -320,8 +267,8 @@ async def test_metrics_export_exactly_the_design_families_with_their_labels(
 
 async def test_an_engine_series_disappears_with_its_pod(tmp_path: Path) -> None:
     async with (
-        two_pod_cluster(tmp_path) as (api, _, args),
-        RouterProcess(args) as router,
+        two_pod_cluster(tmp_path) as (cluster, flags),
+        RouterProcess(flags) as router,
     ):
         await wait_until_async(lambda: routable_count(router, 2), timeout=10, what="2 routable")
         assert await send_chats(router, 2) == [200, 200]
@@ -330,14 +277,15 @@ async def test_an_engine_series_disappears_with_its_pod(tmp_path: Path) -> None:
             samples = exported(text)["headcount_engine_in_flight"]
             return {s.labels["engine"] for s in samples}
 
-        assert engines_in(await scrape(router)) == {f"{NAMESPACE}/good", f"{NAMESPACE}/flaky"}
+        client = router.client
+        assert engines_in(await client.metrics()) == {f"{NAMESPACE}/good", f"{NAMESPACE}/flaky"}
 
-        api.delete_pod(NAMESPACE, "flaky")
+        cluster.api.delete_pod(NAMESPACE, "flaky")
 
         async def flaky_gone() -> bool:
-            return engines_in(await scrape(router)) == {f"{NAMESPACE}/good"}
+            return engines_in(await client.metrics()) == {f"{NAMESPACE}/good"}
 
         await wait_until_async(flaky_gone, timeout=5, what="flaky's series gone")
-        text = await scrape(router)
+        text = await client.metrics()
         assert "flaky" not in text
         assert exported(text)["headcount_discovery_reconcile_removed_total"][0].value == 0

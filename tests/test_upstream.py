@@ -3,8 +3,9 @@
 Each test's engine is a few lines of asyncio streams saying exactly what an
 engine might say: content-length, chunked and until-close bodies, keep-alive or
 not, silence, a close at the worst moment. The listener records what the
-connection reported, as the proxy would hear it. test_proxy reuses `raw_engine`
-and `blackholed_listener` where it needs exact bytes from an engine.
+connection reported, as the proxy would hear it. The scripted engines
+(`raw_engine`) and the blackholed port are in tests/support.py, shared with
+test_proxy.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
 
 import pytest
 
@@ -27,76 +26,14 @@ from headcount._http.errors import (
     UpstreamTimeout,
 )
 from headcount._http.upstream import ResponseHead, UpstreamPool, Upstreams
-from tests.support import free_port, wait_until
+from headcount.sim.loopback import free_port
+from tests.support import EngineConnection, Script, blackholed_listener, raw_engine, wait_until
 
-__all__ = ["EngineConnection", "RawEngine", "blackholed_listener", "raw_engine"]
+__all__: list[str] = []
 
 TIMEOUT = 5.0
 REQUEST = b"POST /v1/completions HTTP/1.1\r\nhost: engine\r\ncontent-length: 2\r\n\r\n{}"
 OK_HELLO = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\nhello"
-
-
-class EngineConnection:
-    """One accepted connection of a `RawEngine`, read request by request."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    async def read_request(self) -> tuple[bytes, bytes] | None:
-        """The next request's head and body, or None when the client closed."""
-        try:
-            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-        except asyncio.IncompleteReadError:
-            return None
-        length = 0
-        for line in head.split(b"\r\n"):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        body = await asyncio.wait_for(self.reader.readexactly(length), TIMEOUT)
-        return head, body
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-Script = Callable[[EngineConnection], Awaitable[None]]
-
-
-class RawEngine:
-    """A loopback HTTP server whose every connection runs `script`; counts connections."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.accepted = 0
-        self.port = 0
-        self.url = ""
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        try:
-            await self.script(EngineConnection(reader, writer))
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-
-@asynccontextmanager
-async def raw_engine(script: Script) -> AsyncIterator[RawEngine]:
-    engine = RawEngine(script)
-    server = await asyncio.start_server(engine._serve, "127.0.0.1", 0)
-    engine.port = server.sockets[0].getsockname()[1]
-    engine.url = f"http://127.0.0.1:{engine.port}"
-    try:
-        yield engine
-    finally:
-        server.close()
 
 
 def answering(*responses: bytes, then_close: bool = False) -> Script:
@@ -415,28 +352,6 @@ async def test_refused_connect_raises_connect_failed() -> None:
     pool = make_pool(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(ConnectFailed):
         await pool.connect()
-
-
-@contextmanager
-def blackholed_listener() -> Iterator[int]:
-    """A port whose accept queue is full: further SYNs are dropped and connects hang."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    try:
-        for _ in range(3):
-            filler = socket.socket()
-            filler.setblocking(False)
-            with suppress(BlockingIOError):
-                filler.connect(("127.0.0.1", port))
-            fillers.append(filler)
-        yield port
-    finally:
-        for filler in fillers:
-            filler.close()
-        listener.close()
 
 
 async def test_connect_timeout_against_a_blackholed_address() -> None:

@@ -2,7 +2,8 @@
 
 A pod's engine URL is `http://<podIP>:<engine port>`, so simulated engines
 listen on distinct loopback addresses (Linux routes all of 127.0.0.0/8 to
-`lo`) and on the same port, as real pods do.
+`lo`) and on the same port, as real pods do. The one place that picks free
+ports, for tests, the demo and the benchmarks alike.
 """
 
 from __future__ import annotations
@@ -10,15 +11,21 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 
-__all__ = ["free_port_on_all"]
+__all__ = ["free_port", "free_port_on_all"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def free_port_on_all(addresses: Sequence[str], *, attempts: int = 50) -> int:
     """A TCP port that was free a moment ago on every one of `addresses`."""
     for _ in range(attempts):
-        with socket.socket() as probe:
-            probe.bind((addresses[0], 0))
-            port: int = probe.getsockname()[1]
+        port = free_port(addresses[0])
         sockets: list[socket.socket] = []
         try:
             for address in addresses:

@@ -1,0 +1,249 @@
+"""The simulated-cluster harness itself: flags mean what they say, waits, the client, traffic.
+
+Scenario tests, the demo and the benchmarks trust `headcount.sim.cluster` to
+start the router they describe and to count what their traffic saw; these
+tests check that trust without starting a router: the command line is parsed
+by `headcount serve`'s own parser, and a scripted server stands in for the
+router where exact answers are needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from headcount.config import (
+    DiscoveryMode,
+    HealthSettings,
+    ProbeSettings,
+    ProxySettings,
+    Settings,
+    add_serve_arguments,
+    settings_from_args,
+)
+from headcount.routing import RoutingName
+from headcount.sim.cluster import (
+    RouterClient,
+    RouterFlags,
+    Timings,
+    serve_command,
+    steady_traffic,
+    wait_until,
+)
+from tests.support import EngineConnection, raw_engine
+from tests.support import wait_until as wait_in_test
+
+__all__: list[str] = []
+
+BACKENDS = ("http://127.0.0.1:8001", "http://127.0.0.2:8002")
+
+
+def parsed(command: list[str]) -> Settings:
+    """What `headcount serve` makes of `command`, by its own parser and validation."""
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return settings_from_args(parser.parse_args(command[command.index("serve") + 1 :]))
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_every_timing_reaches_the_setting_its_flag_names() -> None:
+    timings = Timings(
+        probe_interval=0.25,
+        probe_timeout=1.5,
+        connect_timeout=0.3,
+        backoff_initial=0.05,
+        backoff_max=0.5,
+        api_request_timeout=1,
+        api_connect_timeout=0.4,
+        watch_idle_timeout=2,
+        discovery_stale_after=2.5,
+        discovery_dead_after=7,
+        drain_delay=0,
+        drain_timeout=4,
+    )
+    assert all(getattr(timings, f.name) is not None for f in dataclasses.fields(Timings)), (
+        "a timing this test leaves unset is a flag nobody checked"
+    )
+    flags = RouterFlags(discovery=DiscoveryMode.STATIC, backends=BACKENDS, timings=timings)
+
+    settings = parsed(serve_command(flags, host="127.0.0.1", port=8080))
+
+    assert (settings.probe.interval, settings.probe.timeout) == (0.25, 1.5)
+    assert settings.proxy.connect_timeout == 0.3
+    discovery = settings.discovery
+    assert (discovery.backoff_initial, discovery.backoff_max) == (0.05, 0.5)
+    assert (discovery.request_timeout, discovery.connect_timeout) == (1, 0.4)
+    assert discovery.watch_idle_timeout == 2
+    health = settings.health
+    assert (health.discovery_stale_after, health.discovery_dead_after) == (2.5, 7)
+    assert (health.drain_delay, health.drain_timeout) == (0, 4)
+
+
+def test_discovery_routing_and_health_flags_reach_their_settings(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("{}\n")
+    flags = RouterFlags(
+        discovery=DiscoveryMode.K8S_PODS,
+        kubeconfig=kubeconfig,
+        namespace="llm",
+        label_selector="app=engine,tier=gpu",
+        engine_port=8123,
+        routing=RoutingName.ROUND_ROBIN,
+        grpc_health_port=9123,
+        ready_requires_fresh=True,
+    )
+
+    settings = parsed(serve_command(flags, host="127.0.0.3", port=8081))
+
+    assert (settings.server.host, settings.server.port) == ("127.0.0.3", 8081)
+    assert settings.server.grpc_health_port == 9123
+    discovery = settings.discovery
+    assert (discovery.mode, discovery.kubeconfig) == (DiscoveryMode.K8S_PODS, kubeconfig)
+    assert (discovery.namespace, discovery.label_selector) == ("llm", "app=engine,tier=gpu")
+    assert discovery.engine_port == 8123
+    assert settings.proxy.routing is RoutingName.ROUND_ROBIN
+    assert settings.health.ready_requires_fresh
+
+
+def test_what_the_caller_leaves_out_keeps_the_routers_defaults() -> None:
+    flags = RouterFlags(discovery=DiscoveryMode.STATIC, backends=BACKENDS)
+
+    command = serve_command(flags, host="127.0.0.1", port=8080, program=("headcount",))
+    settings = parsed(command)
+
+    assert command[:2] == ["headcount", "serve"]
+    assert settings.discovery.backends == BACKENDS
+    assert settings.probe == ProbeSettings()
+    assert settings.health == HealthSettings()
+    assert settings.proxy.routing is ProxySettings().routing
+
+
+# ------------------------------------------------------------------ waiting
+
+
+async def test_wait_until_returns_the_first_truthy_value() -> None:
+    values = iter([0, "", "there"])
+    assert await wait_until(lambda: next(values), interval=0) == "there"
+
+
+async def test_wait_until_awaits_a_condition_and_retries_when_it_raises() -> None:
+    attempts: list[int] = []
+
+    async def converging() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionError("not listening yet")
+        return "up"
+
+    assert await wait_until(converging, interval=0) == "up"
+    assert len(attempts) == 3
+
+
+async def test_a_wait_that_runs_out_names_what_it_awaited_and_the_last_error() -> None:
+    async def refused() -> bool:
+        raise ConnectionRefusedError("connection refused")
+
+    with pytest.raises(TimeoutError) as raised:
+        await wait_until(refused, timeout=0.05, interval=0.01, what="the router")
+    assert "waiting for the router" in str(raised.value)
+    assert "ConnectionRefusedError('connection refused')" in str(raised.value)
+
+
+async def test_a_plain_condition_that_raises_ends_the_wait_at_once() -> None:
+    def broken() -> bool:
+        raise KeyError("no such engine")
+
+    with pytest.raises(KeyError):
+        await wait_until(broken, timeout=60)
+
+
+# ------------------------------------------------------------------ a router stand-in
+
+METRICS = (
+    b"# TYPE headcount_upstream_failovers counter\n"
+    b'headcount_upstream_failovers_total{reason="connect_failed"} 2.0\n'
+    b'headcount_upstream_failovers_total{reason="http_503"} 3.0\n'
+    b'headcount_upstream_failovers_created{reason="http_503"} 1.7e+09\n'
+    b"headcount_upstream_failovers_totally_else 100.0\n"
+)
+ENGINES = json.dumps(
+    {"engines": [{"name": "llm/p1", "state": "ready"}, {"name": "llm/p2", "state": "pending"}]}
+).encode()
+
+
+def _answer(status: str, body: bytes, content_type: str = "application/json") -> bytes:
+    head = f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}"
+    return head.encode() + b"\r\n\r\n" + body
+
+
+def _chunked(*chunks: bytes, complete: bool = True) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked"
+    return head + b"\r\n\r\n" + body + (b"0\r\n\r\n" if complete else b"")
+
+
+ANSWERS = {
+    "answers": _answer("200 OK", b'{"choices": []}'),
+    "refuses": _answer("503 Service Unavailable", b'{"error": {}}'),
+    "breaks-off": _chunked(b'{"choi', complete=False),
+    "streams-to-the-end": _chunked(b"data: {}\n\n", b"data: [DONE]\n\n"),
+    "streams-without-done": _chunked(b"data: {}\n\n"),
+}
+"""Chat answers by requested model; `breaks-off` closes the connection mid-body."""
+
+
+async def router_stand_in(conn: EngineConnection) -> None:
+    while (request := await conn.read_request()) is not None:
+        head, body = request
+        path = head.split(b" ", 2)[1]
+        if path == b"/metrics":
+            await conn.send(_answer("200 OK", METRICS, "text/plain"))
+        elif path == b"/engines":
+            await conn.send(_answer("200 OK", ENGINES))
+        else:
+            model = json.loads(body)["model"]
+            await conn.send(ANSWERS[model])
+            if model == "breaks-off":
+                return
+
+
+async def test_metric_value_sums_one_metric_over_its_labels_and_nothing_else() -> None:
+    async with raw_engine(router_stand_in) as router:
+        client = RouterClient(router.url)
+        assert await client.metric_value("headcount_upstream_failovers_total") == 5.0
+
+
+async def test_engines_by_name_keys_each_engine_by_its_object_name() -> None:
+    async with raw_engine(router_stand_in) as router:
+        engines = await RouterClient(router.url).engines_by_name()
+    assert {name: engine["state"] for name, engine in engines.items()} == {
+        "p1": "ready",
+        "p2": "pending",
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "stream", "ok", "failed", "cut"),
+    [
+        ("answers", False, 1, 0, 0),
+        ("refuses", False, 0, 1, 0),
+        ("breaks-off", False, 0, 0, 1),
+        ("streams-to-the-end", True, 1, 0, 0),
+        ("streams-without-done", True, 0, 1, 0),
+    ],
+)
+async def test_traffic_counts_each_request_once_as_ok_failed_or_cut(
+    model: str, stream: bool, ok: int, failed: int, cut: int
+) -> None:
+    async with raw_engine(router_stand_in) as router:
+        async with steady_traffic(
+            router.url, model, stream_every=1 if stream else 0, max_requests=1
+        ) as traffic:
+            await wait_in_test(lambda: traffic.sent == 1, what="the request sent")
+    assert (traffic.ok, traffic.failed, traffic.cut) == (ok, failed, cut), traffic.failures
