@@ -1,21 +1,35 @@
-"""The prober against engines on loopback: health, models, load; its pacing on a fake clock."""
+"""The prober against engines on loopback: health, models, load; its pacing on a fake clock.
+
+Hostile engines (answers too long, too deep, not JSON, cut short) end in a
+failed probe with a reason or a ready engine holding only scalar card fields,
+never a task that dies unobserved.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import json
+import logging
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack
+from dataclasses import replace
 
 import aiohttp
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from headcount import probe
 from headcount.config import ProbeSettings
 from headcount.discovery.static import static_specs
-from headcount.fleet import EngineState, Fleet, ProbeResult
+from headcount.fleet import Engine, EngineState, Fleet, ProbeResult
 from headcount.probe import Prober
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
-from tests.support import wait_until
+from tests.support import EngineConnection, raw_engine, wait_until
 
 FAST = ProbeSettings(interval=0.1, timeout=0.5, unhealthy_after=2)
 
@@ -217,3 +231,310 @@ async def test_periodic_probes_are_spread_over_the_interval() -> None:
     second_round = sorted(fleet.probed[e.url][1] for e in engines)
     assert second_round == pytest.approx([interval * n / count for n in range(1, count + 1)])
     assert second_round[-1] - second_round[0] > interval / 2, second_round
+
+
+# ------------------------------------------------------------------ hostile answers
+
+
+class Answers:
+    """A loopback engine whose answers the test sets: exact bytes per path, keep-alive."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, bytes] = {"/v1/models": MODELS, "/metrics": b""}
+        self.heads: dict[str, bytes] = {}
+        """A path's head, when the test wants to lie about the body (content-length)."""
+        self.endless: set[str] = set()
+        """Paths answered with chunks that never end (at most ENDLESS_LIMIT bytes)."""
+        self.sent: dict[str, int] = {}
+
+    async def script(self, conn: EngineConnection) -> None:
+        try:
+            while (request := await conn.read_request()) is not None:
+                path = request[0].split(b" ", 2)[1].decode()
+                if path in self.endless:
+                    await self._endless(conn, path)
+                    return
+                body = self.bodies.get(path, b"no")
+                status = b"200 OK" if path in self.bodies else b"404 Not Found"
+                head = self.heads.get(path) or b"HTTP/1.1 %s\r\ncontent-length: %d\r\n\r\n" % (
+                    status,
+                    len(body),
+                )
+                await conn.send(head + body)
+                self.sent[path] = self.sent.get(path, 0) + len(body)
+                if path in self.heads:
+                    return  # the body was cut short: close
+        except (TimeoutError, ConnectionError):
+            return
+
+    async def _endless(self, conn: EngineConnection, path: str) -> None:
+        await conn.send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (ENDLESS_CHUNK, b" " * ENDLESS_CHUNK)
+        while self.sent.get(path, 0) < ENDLESS_LIMIT:
+            await conn.send(chunk)
+            self.sent[path] = self.sent.get(path, 0) + ENDLESS_CHUNK
+
+
+ENDLESS_CHUNK = 64 * 1024
+ENDLESS_LIMIT = 256 * 1024 * 1024
+MODELS = json.dumps({"object": "list", "data": [{"id": "m"}, {"id": "a", "parent": "m"}]}).encode()
+SMALL = ProbeSettings(interval=0.1, timeout=5, unhealthy_after=1, max_bytes=64 * 1024)
+
+
+@contextlib.asynccontextmanager
+async def probed(
+    answers: Answers, settings: ProbeSettings = SMALL
+) -> AsyncIterator[tuple[Fleet, str]]:
+    """A fleet holding the engine serving `answers`, probed until the block ends."""
+    async with raw_engine(answers.script) as engine:
+        fleet = Fleet(unhealthy_after=settings.unhealthy_after)
+        task = asyncio.create_task(Prober(fleet, settings).run())
+        try:
+            fleet.reconcile("static", static_specs([engine.url]))
+            yield fleet, engine.url
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def judged(fleet: Fleet, url: str) -> Engine | None:
+    engine = fleet.snapshot.by_id[url]
+    return engine if engine.state is not EngineState.PENDING else None
+
+
+async def test_an_answer_over_the_byte_limit_fails_the_probe_and_is_not_read_further() -> None:
+    answers = Answers()
+    answers.endless.add("/v1/models")
+    async with probed(answers) as (fleet, url):
+        engine = await wait_until(lambda: judged(fleet, url), timeout=10)
+    assert engine.state is EngineState.UNHEALTHY
+    assert engine.last_error == "/v1/models: answer over 65536 bytes"
+    assert answers.sent["/v1/models"] < ENDLESS_LIMIT / 4, "the prober hung up at the limit"
+
+
+async def test_a_declared_length_over_the_limit_fails_the_probe_before_any_body() -> None:
+    answers = Answers()
+    answers.heads["/v1/models"] = b"HTTP/1.1 200 OK\r\ncontent-length: 70000\r\n\r\n"
+    answers.bodies["/v1/models"] = b""  # and then nothing: only the head can decide
+    async with probed(answers) as (fleet, url):
+        engine = await wait_until(lambda: judged(fleet, url))
+    assert engine.last_error == "/v1/models: answer over 65536 bytes"
+
+
+async def test_metrics_over_the_limit_leave_the_engine_ready_with_load_unknown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="headcount.probe")
+    answers = Answers()
+    answers.bodies["/metrics"] = b"vllm:num_requests_running 3\n" * 3000
+    async with probed(answers) as (fleet, url):
+        engine = await wait_until(lambda: judged(fleet, url))
+        assert engine.state is EngineState.READY
+        assert (engine.load.running, engine.load.kv_usage) == (0.0, None)
+        await wait_until(lambda: answers.sent["/metrics"] >= 3 * len(answers.bodies["/metrics"]))
+        answers.bodies["/metrics"] = b"vllm:num_requests_running 3\n"
+        await wait_until(lambda: fleet.snapshot.by_id[url].load.running == 3.0)
+    told = [r for r in caplog.records if "load unknown" in r.getMessage()]
+    assert len(told) == 1, "once per engine and reason, not per probe"
+    assert "/metrics: answer over 65536 bytes" in told[0].getMessage()
+
+
+async def test_cards_keep_only_scalar_fields_and_at_most_max_models(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cards = [{"id": "m", "owned_by": "vllm", "permission": [{"id": "p", "x": {}}]}]
+    cards += [{"id": f"lora-{i}", "parent": "m", "evil": {"deep": [1]}} for i in range(24)]
+    answers = Answers()
+    answers.bodies["/v1/models"] = json.dumps({"object": "list", "data": cards}).encode()
+    settings = replace(SMALL, max_models=10)
+    async with probed(answers, settings) as (fleet, url):
+        engine = await wait_until(lambda: judged(fleet, url))
+        await wait_until(
+            lambda: answers.sent["/v1/models"] >= 3 * len(answers.bodies["/v1/models"])
+        )
+    assert engine.cards[0] == {"id": "m", "owned_by": "vllm"}
+    assert engine.cards[1:] == tuple({"id": f"lora-{i}", "parent": "m"} for i in range(9))
+    told = [r for r in caplog.records if "lists more than 10 models" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelno == logging.WARNING
+
+
+async def test_a_ready_engine_whose_model_list_turns_deeply_nested_leaves_rotation() -> None:
+    answers = Answers()
+    async with probed(answers) as (fleet, url):
+        await wait_until(lambda: judged(fleet, url))
+        assert fleet.snapshot.by_id[url].state is EngineState.READY
+        answers.bodies["/v1/models"] = b'{"object": "list", "data": ' + b"[" * 50_000
+        engine = await wait_until(
+            lambda: (e := fleet.snapshot.by_id[url]).state is EngineState.UNHEALTHY and e
+        )
+    assert engine.last_error == "/v1/models: nested deeper than 32 levels"
+
+
+class Exploding:
+    """Stands in for the model-list parser: raises what nobody foresaw, where the test says."""
+
+    where = "feed"
+
+    def __init__(self, max_models: int) -> None:
+        self.full = False
+
+    def feed(self, data: bytes) -> None:
+        if self.where == "feed":
+            raise RecursionError("maximum recursion depth exceeded")
+
+    def close(self) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        ("feed", "/v1/models: RecursionError: maximum recursion depth exceeded"),
+        ("close", "probe: RecursionError: maximum recursion depth exceeded"),
+    ],
+)
+async def test_any_exception_while_probing_is_a_failed_probe_logged_once_with_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str, reason: str
+) -> None:
+    monkeypatch.setattr(Exploding, "where", where)
+    monkeypatch.setattr(probe, "ModelListParser", Exploding)
+    answers = Answers()
+    async with probed(answers) as (fleet, url):
+        engine = await wait_until(lambda: judged(fleet, url))
+        await wait_until(lambda: answers.sent["/v1/models"] >= 4 * len(MODELS))
+    assert engine.state is EngineState.UNHEALTHY
+    assert engine.last_error == reason
+    told = [r for r in caplog.records if "RecursionError" in r.getMessage()]
+    assert len(told) == 1 and told[0].exc_info is not None
+
+
+class BrokenOnce(Fleet):
+    """A fleet whose first probe record fails: a bug outside the probe itself."""
+
+    def __init__(self) -> None:
+        super().__init__(unhealthy_after=1)
+        self.broken = True
+
+    def apply_probe(self, engine_id: str, result: ProbeResult) -> None:
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("bug in the fleet")
+        super().apply_probe(engine_id, result)
+
+
+async def test_what_escapes_a_probe_task_is_logged_and_the_engine_probed_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        async with raw_engine(Answers().script) as engine:
+            fleet = BrokenOnce()
+            task = asyncio.create_task(Prober(fleet, SMALL).run())
+            try:
+                fleet.reconcile("static", static_specs([engine.url]))
+                await wait_until(lambda: judged(fleet, engine.url))
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not errors, errors
+    told = [r for r in caplog.records if r.getMessage() == f"probe {engine.url} failed"]
+    assert len(told) == 1 and told[0].exc_info is not None
+
+
+VLLM_LIKE = json.dumps(
+    {
+        "object": "list",
+        "data": [
+            {
+                "id": "m",
+                "object": "model",
+                "root": "m",
+                "parent": None,
+                "permission": [{"id": "p", "allow_view": True, "group": None}],
+            }
+        ],
+    }
+).encode()
+
+
+_hostile_json = st.one_of(
+    st.builds(lambda n: b'{"data": ' + b"[" * n + b"]" * n + b"}", st.integers(1, 5000)),
+    st.builds(lambda n: b'{"data": [{"id": "m", "x": ' + b"{" * n, st.integers(1, 5000)),
+    st.builds(
+        lambda d: b'{"data": [{"id": "m", "created": %s}]}' % d.encode(),
+        st.text("0123456789eE.-+", min_size=1, max_size=40),
+    ),
+    st.builds(
+        lambda d: b'{"data": [{"id": "m", "max_model_len": 1%s}]}' % (b"0" * d),
+        st.integers(0, 6000),
+    ),
+    st.sampled_from(
+        [
+            b'{"data": [{"id": "m", "x": NaN}]}',
+            b'{"data": [{"id": "m", "x": -Infinity}]}',
+            b'{"data": [{"id": 7}, {"id": null}, {"id": ["m"]}]}',
+            b'{"data": "m"}',
+            b'{"data": [{"id": "m\xff\xfe"}]}',
+            b'{"data": [{"id": "\\ud800"}]}',
+            b'{"data": [{"id": "m"}]',
+            b"[]",
+            b"null",
+            b"",
+        ]
+    ),
+    st.binary(max_size=200),
+    st.builds(lambda body, cut: body[:cut], st.just(VLLM_LIKE), st.integers(0, 400)),
+)
+_hostile_metrics = st.one_of(
+    st.binary(max_size=200),
+    st.builds(
+        lambda value: b"vllm:num_requests_running %s\nvllm:num_requests_waiting 1\n" % value,
+        st.sampled_from([b"NaN", b"+Inf", b"-Inf", b"1e999", b"9" * 5000, b"x", b""]),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(models=_hostile_json, metrics=_hostile_metrics, truncate=st.booleans())
+async def test_a_hostile_engine_ends_ready_or_unhealthy_with_a_reason_never_a_task_error(
+    models: bytes, metrics: bytes, truncate: bool
+) -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        answers = Answers()
+        answers.bodies.update({"/v1/models": models, "/metrics": metrics})
+        if truncate:
+            answers.heads["/v1/models"] = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (
+                len(models) + 10
+            )
+        async with probed(answers) as (fleet, url):
+            engine = await wait_until(lambda: judged(fleet, url))
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not errors, errors
+    if engine.state is EngineState.READY:
+        assert engine.served and all(_scalars_only(card) for card in engine.cards)
+        assert all(
+            v is None or math.isfinite(v)
+            for v in (engine.load.running, engine.load.waiting, engine.load.kv_usage)
+        )
+    else:
+        assert engine.state is EngineState.UNHEALTHY and engine.last_error, engine
+
+
+def _scalars_only(card: Mapping[str, object]) -> bool:
+    return all(
+        isinstance(value, str | int | float | bool) or value is None for value in card.values()
+    )

@@ -108,11 +108,21 @@ class ProbeSettings:
     """Probes in flight at once, so N unreachable engines cost about one timeout."""
     unhealthy_after: int = 2
     """Consecutive failed probes before a ready engine leaves rotation."""
+    max_bytes: int = 8 * 1024 * 1024
+    """Largest /v1/models or /metrics answer read (reading stops there: a failed probe, or load
+    unknown): vLLM's are kilobytes to a few MiB, and a broken engine must not cost more."""
+    max_models: int = 10_000
+    """Model cards kept per engine; the rest of its /v1/models is ignored (one warning), so an
+    engine listing 200,000 adapters costs a bounded parse and bounded memory."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.unhealthy_after < 1:
             raise ConfigError("--probe-concurrency and --unhealthy-after must be at least 1")
         _require_positive(("--probe-interval", self.interval), ("--probe-timeout", self.timeout))
+        if self.max_bytes < 1024:
+            raise ConfigError("--probe-max-bytes must be at least 1KiB")
+        if self.max_models < 1:
+            raise ConfigError("--probe-max-models must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     probe.add_argument("--probe-timeout", type=parse_duration, default=probe_d.timeout)
     probe.add_argument("--probe-concurrency", type=int, default=probe_d.concurrency)
     probe.add_argument("--unhealthy-after", type=int, default=probe_d.unhealthy_after)
+    probe.add_argument("--probe-max-bytes", type=_parse_size, default=probe_d.max_bytes)
+    probe.add_argument("--probe-max-models", type=int, default=probe_d.max_models)
 
     health = parser.add_argument_group("health and shutdown")
     for flag, default in (
@@ -357,6 +369,8 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             timeout=ns.probe_timeout,
             concurrency=ns.probe_concurrency,
             unhealthy_after=ns.unhealthy_after,
+            max_bytes=ns.probe_max_bytes,
+            max_models=ns.probe_max_models,
         ),
         health=HealthSettings(
             discovery_stale_after=ns.discovery_stale_after,

@@ -7,74 +7,58 @@ bound, each with a timeout, and never more than one at a time per engine, so a
 hung engine costs one timeout and N unreachable engines cost about one timeout,
 not N. `/v1/models` decides health; `/metrics` is optional (an OpenAI-compatible
 server without vLLM's metrics is routed to with unknown load).
+
+An engine's answers are untrusted: each is read up to `max_bytes` and parsed
+as it streams in (`model_list`, `vllm_load`), a few KiB at a time with the
+event loop free in between, so no answer stalls the router or grows its
+memory. Any exception while probing an engine is a failed probe with a
+reason, never a dead task; reasons are logged once per engine until they
+change (with the traceback when the exception is not one an engine or the
+network can cause).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 import aiohttp
 
 from headcount.clock import Sleep
 from headcount.config import ProbeSettings
 from headcount.fleet import Engine, Fleet, FleetChange, ProbeResult
+from headcount.model_list import ModelListError, ModelListParser
+from headcount.vllm_load import LoadParser
 
-__all__ = ["Prober", "parse_model_cards", "parse_vllm_load"]
+__all__ = ["ProbeError", "Prober"]
 
 log = logging.getLogger(__name__)
 
-_RUNNING = "vllm:num_requests_running"
-_WAITING = "vllm:num_requests_waiting"
-_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-_WANTED = (_RUNNING, _WAITING, *_KV_USAGE)
+_STEP = 8 * 1024
+"""Bytes of an answer parsed between two turns of the event loop: well under a millisecond of
+work for common answers, a few for the costliest JSON an engine can craft."""
+_LISTED = 10
+"""Model ids named in the log line of an engine that became ready."""
 
 
 class ProbeError(Exception):
     """A probe's answer was unusable; the message says how."""
 
 
-def parse_model_cards(payload: object) -> tuple[Mapping[str, Any], ...]:
-    """The `data` entries of an OpenAI `/v1/models` answer, each with a string `id`."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
-        raise ProbeError("/v1/models did not answer an OpenAI model list")
-    cards = tuple(
-        card
-        for card in payload["data"]
-        if isinstance(card, dict) and isinstance(card.get("id"), str)
-    )
-    if not cards:
-        raise ProbeError("/v1/models lists no model")
-    return cards
+_EXPECTED = (ProbeError, ModelListError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+"""What an engine or the network can cause; anything else is logged with its traceback."""
 
 
-def parse_vllm_load(text: str) -> tuple[float, float, float | None]:
-    """(running, waiting, kv-cache usage) summed over label sets from vLLM's `/metrics`.
+class _AnswerParser(Protocol):
+    """What reads one answer as it streams in (`ModelListParser`, `LoadParser`)."""
 
-    Reads only the few lines it needs; the newer `kv_cache_usage_perc` wins over
-    the older `gpu_cache_usage_perc` when both are present.
-    """
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        if name_end < 0:
-            continue
-        name = line[:name_end]
-        if name not in _WANTED:
-            continue
-        rest = line[line.find("}", name_end) + 1 :] if line[name_end] == "{" else line[name_end:]
-        try:
-            value = float(rest.split()[0])
-        except (ValueError, IndexError):
-            continue
-        sums[name] = sums.get(name, 0.0) + value
-    kv = next((sums[name] for name in _KV_USAGE if name in sums), None)
-    return sums.get(_RUNNING, 0.0), sums.get(_WAITING, 0.0), kv
+    @property
+    def full(self) -> bool:
+        """Enough read: the rest of the answer is not wanted."""
+
+    def feed(self, data: bytes) -> None: ...
 
 
 class Prober:
@@ -90,6 +74,8 @@ class Prober:
         self._limit = asyncio.Semaphore(settings.concurrency)
         self._probing: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._told: dict[tuple[str, str], str] = {}
+        """(engine id, topic) -> the reason last logged, so a steady failure is logged once."""
         fleet.subscribe(self._on_fleet_change)
 
     async def run(self) -> None:
@@ -119,6 +105,9 @@ class Prober:
             self._probe_ids((engine_id,))
 
     def _on_fleet_change(self, change: FleetChange) -> None:
+        for engine_id in change.removed:
+            for topic in ("probe", "/metrics", "models"):
+                self._told.pop((engine_id, topic), None)
         if self._session is not None and change.to_probe:
             self._probe_ids(change.to_probe)
 
@@ -127,6 +116,7 @@ class Prober:
             if engine_id not in self._probing:
                 task = asyncio.create_task(self._probe_one(engine_id), name=f"probe {engine_id}")
                 self._probing[engine_id] = task
+                task.add_done_callback(_observe)
 
     async def _probe_one(self, engine_id: str) -> None:
         try:
@@ -134,52 +124,146 @@ class Prober:
                 engine = self._fleet.snapshot.by_id.get(engine_id)
                 if engine is None or self._session is None:
                     return
-                result = await self._probe(self._session, engine)
-            self._record(engine, result)
+                try:
+                    result, unexpected = await self._probe(self._session, engine)
+                except Exception as exc:
+                    result = ProbeResult(ok=False, error=f"probe: {_describe(exc)}")
+                    unexpected = exc
+            self._record(engine, result, unexpected)
         finally:
             self._probing.pop(engine_id, None)
 
-    def _record(self, engine: Engine, result: ProbeResult) -> None:
+    def _record(
+        self, engine: Engine, result: ProbeResult, unexpected: BaseException | None
+    ) -> None:
         was_routable = engine.routable
         self._fleet.apply_probe(engine.id, result)
         now = self._fleet.snapshot.by_id.get(engine.id)
-        if now is None or now.routable == was_routable:
+        if now is None:
             return
-        if now.routable:
-            log.info("engine %s ready: serves %s", engine.spec.name, ", ".join(now.served))
-        else:
+        name = engine.spec.name
+        if now.routable != was_routable:
+            if now.routable:
+                log.info("engine %s ready: serves %s", name, _listing(now.served))
+            else:
+                log.warning(
+                    "engine %s out of rotation (%s): %s",
+                    name,
+                    now.state,
+                    result.error,
+                    exc_info=unexpected,
+                )
+        elif result.error is not None and self._told.get((engine.id, "probe")) != result.error:
             log.warning(
-                "engine %s out of rotation (%s): %s", engine.spec.name, now.state, result.error
+                "engine %s failed a probe (%s): %s",
+                name,
+                now.state,
+                result.error,
+                exc_info=unexpected,
             )
+        if result.error is None:
+            self._told.pop((engine.id, "probe"), None)
+        else:
+            self._told[(engine.id, "probe")] = result.error
 
-    async def _probe(self, session: aiohttp.ClientSession, engine: Engine) -> ProbeResult:
+    async def _probe(
+        self, session: aiohttp.ClientSession, engine: Engine
+    ) -> tuple[ProbeResult, BaseException | None]:
+        """The probe's result, and the exception nobody foresaw if one decided it."""
+        cards_parser = ModelListParser(self._settings.max_models)
+        load_parser = LoadParser()
         models, load = await asyncio.gather(
-            self._get(session, engine.url + "/v1/models"),
-            self._get(session, engine.url + "/metrics"),
+            self._read(session, engine.url + "/v1/models", cards_parser),
+            self._read(session, engine.url + "/metrics", load_parser),
             return_exceptions=True,
         )
         if isinstance(models, BaseException):
-            return ProbeResult(ok=False, error=_describe(models, "/v1/models"))
+            unexpected = None if isinstance(models, _EXPECTED) else models
+            return ProbeResult(ok=False, error=f"/v1/models: {_describe(models)}"), unexpected
         try:
-            cards = parse_model_cards(json.loads(models))
-        except (ValueError, ProbeError) as exc:
-            return ProbeResult(ok=False, error=f"/v1/models: {exc}")
+            cards = cards_parser.close()
+        except ModelListError as exc:
+            return ProbeResult(ok=False, error=f"/v1/models: {exc}"), None
+        if cards_parser.full:
+            self._tell_once(
+                engine,
+                "models",
+                logging.WARNING,
+                f"lists more than {self._settings.max_models} models: the rest are ignored "
+                "(--probe-max-models)",
+            )
         running = waiting = 0.0
         kv: float | None = None
-        if isinstance(load, str):
-            running, waiting, kv = parse_vllm_load(load)
-        return ProbeResult(ok=True, cards=cards, running=running, waiting=waiting, kv_usage=kv)
+        if isinstance(load, BaseException):
+            unexpected = None if isinstance(load, _EXPECTED) else load
+            self._tell_once(
+                engine,
+                "/metrics",
+                logging.INFO if unexpected is None else logging.WARNING,
+                f"load unknown, /metrics: {_describe(load)}",
+                unexpected,
+            )
+        else:
+            self._told.pop((engine.id, "/metrics"), None)
+            running, waiting, kv = load_parser.close()
+        result = ProbeResult(ok=True, cards=cards, running=running, waiting=waiting, kv_usage=kv)
+        return result, None
 
-    async def _get(self, session: aiohttp.ClientSession, url: str) -> str:
+    def _tell_once(
+        self,
+        engine: Engine,
+        topic: str,
+        level: int,
+        message: str,
+        unexpected: BaseException | None = None,
+    ) -> None:
+        """Log `message` unless it is what was last logged about `topic` for this engine."""
+        if self._told.get((engine.id, topic)) == message:
+            return
+        self._told[(engine.id, topic)] = message
+        log.log(level, "engine %s: %s", engine.spec.name, message, exc_info=unexpected)
+
+    async def _read(self, session: aiohttp.ClientSession, url: str, parser: _AnswerParser) -> None:
+        """Feed the answer at `url` to `parser` until it ends, the parser is full, or the answer
+        passes `max_bytes` (a `ProbeError`); the loop turns between two steps of parsing."""
+        limit = self._settings.max_bytes
         async with session.get(url) as response:
             if response.status != 200:
                 raise ProbeError(f"HTTP {response.status}")
-            return await response.text()
+            if (response.content_length or 0) > limit:
+                raise ProbeError(f"answer over {limit} bytes")
+            received = 0
+            pending = bytearray()
+            async for chunk in response.content.iter_chunked(_STEP):
+                received += len(chunk)
+                if received > limit:
+                    raise ProbeError(f"answer over {limit} bytes")
+                pending += chunk
+                if len(pending) >= _STEP:
+                    parser.feed(bytes(pending))
+                    pending.clear()
+                    if parser.full:
+                        return
+                    await asyncio.sleep(0)
+            parser.feed(bytes(pending))
 
 
-def _describe(exc: BaseException, path: str) -> str:
+def _describe(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
-        return f"{path}: no answer within the probe timeout"
+        return "no answer within the probe timeout"
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"{path}: cannot connect ({exc.os_error or exc})"
-    return f"{path}: {exc or type(exc).__name__}"
+        return f"cannot connect ({exc.os_error or exc})"
+    if isinstance(exc, _EXPECTED):
+        return str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_LISTED])
+    return shown if len(names) <= _LISTED else f"{shown} and {len(names) - _LISTED} more"
+
+
+def _observe(task: asyncio.Task[None]) -> None:
+    """Log what escaped a probe task (a bug in the fleet, say): never an unobserved exception."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("%s failed", task.get_name(), exc_info=error)
