@@ -316,6 +316,20 @@ def test_nesting_up_to_the_limit_is_read() -> None:
     assert read_cards(b'{"data": [{"id": "m", "x": ' + junk + b"}]}") == ({"id": "m"},)
 
 
+@pytest.mark.parametrize("where", ["skipped", "kept"])
+def test_the_token_limit_is_exact_wherever_the_token_is(where: str) -> None:
+    def answer(string: bytes) -> bytes:
+        if where == "kept":
+            return b'{"data": [{"id": "m", "root": %s}]}' % string
+        return b'{"data": [{"id": "m", "x": [1, {"y": %s}, 2]}], "z": [%s]}' % (string, string)
+
+    longest = b'"' + b"a\\n" * ((MAX_TOKEN - 2) // 3) + b"a" * ((MAX_TOKEN - 2) % 3) + b'"'
+    assert len(longest) == MAX_TOKEN
+    for cuts in ((), range(0, 3 * MAX_TOKEN, 4096)):
+        assert not isinstance(read_cards(answer(longest), cuts), str)
+        assert "over 65536 bytes" in str(read_cards(answer(longest[:-1] + b'a"'), cuts))
+
+
 def test_long_and_escaped_strings_survive_any_split() -> None:
     name = 'é"\\/\n\t' + "x" * 20_000 + "\u2603\U0001f600"
     answer = json.dumps({"data": [{"id": name, "root": "r" * (MAX_TOKEN - 2)}]}).encode()

@@ -56,6 +56,7 @@ class ModelListError(ValueError):
 
 
 # ------------------------------------------------------------------ tokens
+_TOP_ROLE, _DATA_ROLE, _CARD_ROLE, _SKIP_ROLE = range(4)
 _WS = re.compile(rb"[ \t\n\r]*+")
 _PUNCT, _STRING, _NUMBER, _LITERAL = 1, 2, 3, 4
 _TOKEN = re.compile(
@@ -101,9 +102,79 @@ def _card_pattern(levels: int) -> re.Pattern[bytes]:
 _CARD = _card_pattern(3)
 _STRING_SCANNER = json.decoder.scanstring  # type: ignore[attr-defined]
 
+# Runs: what a container holds that the router does not keep, skipped in one C call each. Strict
+# JSON, strings and numbers short enough that MAX_TOKEN cannot be at stake (longer ones, and
+# values nested deeper than _RUN_LEVELS, are left to the tokens), possessive: linear.
+_RUN_LEVELS = 4
+_RUN_WS = rb"[ \t\n\r]*+"
+_RUN_STRING = rb'"(?:[^"\\\x00-\x1f]{1,1000}+|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}){0,64}+"'
+_RUN_SCALAR = (
+    rb"(?:" + _RUN_STRING + rb"|-?+(?:0|[1-9][0-9]{0,999}+)(?:\.[0-9]{1,1000}+)?+"
+    rb"(?:[eE][-+]?+[0-9]{1,1000}+)?+|true|false|null)"
+)
+
+
+def _members(member: bytes, close: bytes) -> bytes:
+    """`member`s separated by commas (none trailing), then `close`."""
+    ws = _RUN_WS
+    after = b"(?:,(?!" + ws + close + b")" + ws + b"|(?=" + close + b"))"
+    return b"(?:" + member + ws + after + b")*+" + close
+
+
+def _run_value(levels: int, outer_key: bytes = _RUN_STRING) -> bytes:
+    """A value nested at most `levels` deep; keys of its outermost object match `outer_key`."""
+    value = _RUN_SCALAR
+    for level in range(levels):
+        key = outer_key if level == levels - 1 else _RUN_STRING
+        array = rb"\[" + _RUN_WS + _members(value, rb"\]")
+        pair = key + _RUN_WS + b":" + _RUN_WS + value
+        value = (
+            b"(?:" + _RUN_SCALAR + b"|" + array + rb"|\{" + _RUN_WS + _members(pair, rb"\}") + b")"
+        )
+    return value
+
+
+def _run(member: bytes, close: bytes) -> re.Pattern[bytes]:
+    """Members each followed by a comma, then maybe a last one before `close` (group 1)."""
+    ws = _RUN_WS
+    return re.compile(
+        b"(?:"
+        + member
+        + ws
+        + b","
+        + ws
+        + b")*+(?:("
+        + member
+        + b")"
+        + ws
+        + b"(?="
+        + close
+        + b"))?+"
+    )
+
+
+def _pair(key: bytes) -> bytes:
+    return key + _RUN_WS + b":" + _RUN_WS + _run_value(_RUN_LEVELS)
+
+
+def _key_other_than(*names: str) -> bytes:
+    """A key spelled without escapes that is none of `names`."""
+    return rb'"(?!(?:%s)")[^"\\\x00-\x1f]{0,1000}+"' % "|".join(names).encode()
+
+
+_RUNS = {  # (role, is_object) -> run
+    (_SKIP_ROLE, False): _run(_run_value(_RUN_LEVELS), rb"\]"),
+    (_SKIP_ROLE, True): _run(_pair(_RUN_STRING), rb"\}"),
+    (_DATA_ROLE, False): _run(_run_value(_RUN_LEVELS, _key_other_than("id")), rb"\]"),
+    (_CARD_ROLE, True): _run(_pair(_key_other_than(*KEPT_FIELDS)), rb"\}"),
+    (_TOP_ROLE, True): _run(_pair(_key_other_than("data")), rb"\}"),
+}
+
 # ------------------------------------------------------------------ grammar
-_TOP, _DATA, _CARD_ROLE, _SKIP = range(4)
 _KEY_OR_END, _KEY, _COLON_NEXT, _VALUE, _COMMA_OR_END, _VALUE_OR_END = range(6)
+_OBJECT_MEMBER = frozenset({_KEY_OR_END, _KEY})
+_ARRAY_MEMBER = frozenset({_VALUE_OR_END, _VALUE})
+"""Where a container's next member may start: an object's key, an array's value."""
 _START, _INSIDE, _END = range(3)
 _MISSING, _LIST, _NOT_LIST = range(3)
 _DROP = object()
@@ -217,15 +288,9 @@ class ModelListParser:
             pos = _WS.match(buf, pos).end()  # type: ignore[union-attr]
             if pos >= end or self.full:
                 return end
-            stack = self._stack
-            if stack and stack[-1].role == _DATA and buf[pos] == _OPEN_OBJECT:
-                frame = stack[-1]
-                if frame.state in (_VALUE_OR_END, _VALUE) and (
-                    card_end := self._fast_card(buf, pos, end)
-                ):
-                    frame.state = _COMMA_OR_END
-                    pos = card_end
-                    continue
+            if self._stack and (skipped := self._skip(buf, pos, end)):
+                pos = skipped
+                continue
             match = _TOKEN.match(buf, pos)
             if match is None:
                 if not self._unfinished(buf, pos):
@@ -241,6 +306,28 @@ class ModelListParser:
                 return pos  # the number may go on in the next piece
             self._token(kind, buf, pos, token_end)
             pos = token_end
+
+    def _skip(self, buf: bytes, pos: int, end: int) -> int:
+        """Where what follows `pos` in the innermost container ends if it can be taken whole (a
+        run of members the router does not keep, or a card), else 0 (left to the tokens)."""
+        stack = self._stack
+        frame = stack[-1]
+        if frame.state not in (_OBJECT_MEMBER if frame.is_object else _ARRAY_MEMBER):
+            return 0
+        if len(stack) + _RUN_LEVELS <= MAX_DEPTH:
+            match = _RUNS[frame.role, frame.is_object].match(buf, pos)
+            if match is not None and match.end() > pos:
+                if match.group(1) is not None:
+                    frame.state = _COMMA_OR_END
+                else:
+                    frame.state = _KEY if frame.is_object else _VALUE
+                return match.end()
+        if frame.role == _DATA_ROLE and buf[pos] == _OPEN_OBJECT:
+            card_end = self._fast_card(buf, pos, end)
+            if card_end:
+                frame.state = _COMMA_OR_END
+            return card_end
+        return 0
 
     def _unfinished(self, buf: bytes, pos: int) -> bool:
         if buf[pos] == ord('"'):
@@ -272,7 +359,7 @@ class ModelListParser:
         if not self._stack:
             if self._state == _START and kind == _PUNCT and buf[start] == _OPEN_OBJECT:
                 self._state = _INSIDE
-                self._push(True, _TOP)
+                self._push(True, _TOP_ROLE)
                 return
             if self._state == _START:
                 raise ModelListError("not an OpenAI model list")
@@ -299,9 +386,9 @@ class ModelListParser:
             frame.state = _VALUE
         elif kind == _STRING:  # _KEY or _KEY_OR_END
             frame.key = None
-            if frame.role in (_TOP, _CARD_ROLE):
+            if frame.role in (_TOP_ROLE, _CARD_ROLE):
                 key: str = _STRING_SCANNER(buf[start:end].decode(), 1)[0]
-                wanted = key == "data" if frame.role == _TOP else key in _KEPT
+                wanted = key == "data" if frame.role == _TOP_ROLE else key in _KEPT
                 frame.key = key if wanted else None
             frame.state = _COLON_NEXT
         elif char == _CLOSE_OBJECT and state == _KEY_OR_END:
@@ -317,12 +404,12 @@ class ModelListParser:
             if char != _OPEN_OBJECT and char != _OPEN_ARRAY:
                 raise self._invalid(start)
             is_object = char == _OPEN_OBJECT
-            role = _SKIP
-            if parent.role == _TOP and key is not None:
+            role = _SKIP_ROLE
+            if parent.role == _TOP_ROLE and key is not None:
                 self._cards.clear()  # of two "data" keys the last one counts, as in JSON
                 self._data = _NOT_LIST if is_object else _LIST
-                role = _SKIP if is_object else _DATA
-            elif parent.role == _DATA and is_object:
+                role = _SKIP_ROLE if is_object else _DATA_ROLE
+            elif parent.role == _DATA_ROLE and is_object:
                 role = _CARD_ROLE
             elif parent.role == _CARD_ROLE and key is not None:
                 parent.card.pop(key, None)
@@ -334,7 +421,7 @@ class ModelListParser:
                 parent.card.pop(key, None)
             else:
                 parent.card[key] = value  # type: ignore[assignment]
-        elif parent.role == _TOP and key is not None:
+        elif parent.role == _TOP_ROLE and key is not None:
             self._cards.clear()
             self._data = _NOT_LIST
 
