@@ -312,13 +312,15 @@ async def test_an_answer_over_the_byte_limit_fails_the_probe_and_is_not_read_fur
     assert answers.sent["/v1/models"] < ENDLESS_LIMIT / 4, "the prober hung up at the limit"
 
 
-async def test_a_declared_length_over_the_limit_fails_the_probe_before_any_body() -> None:
+async def test_a_long_model_list_is_read_up_to_max_models_even_past_the_byte_limit() -> None:
+    cards = [{"id": f"lora-{i:05d}", "parent": "m", "root": "r" * 200} for i in range(2000)]
     answers = Answers()
-    answers.heads["/v1/models"] = b"HTTP/1.1 200 OK\r\ncontent-length: 70000\r\n\r\n"
-    answers.bodies["/v1/models"] = b""  # and then nothing: only the head can decide
-    async with probed(answers) as (fleet, url):
+    answers.bodies["/v1/models"] = json.dumps({"data": cards}).encode()
+    assert len(answers.bodies["/v1/models"]) > 4 * SMALL.max_bytes
+    async with probed(answers, replace(SMALL, max_models=100)) as (fleet, url):
         engine = await wait_until(lambda: judged(fleet, url))
-    assert engine.last_error == "/v1/models: answer over 65536 bytes"
+    assert engine.state is EngineState.READY
+    assert engine.served == tuple(f"lora-{i:05d}" for i in range(100))
 
 
 async def test_metrics_over_the_limit_leave_the_engine_ready_with_load_unknown(
