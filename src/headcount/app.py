@@ -1,10 +1,12 @@
 """Wiring: builds the fleet, discovery, prober, proxy and health from `Settings`, and runs them.
 
 Nothing here decides anything; it starts the pieces, watches that the discovery
-loops stay alive (a dead loop fails `/livez` and is logged), and runs the
-shutdown sequence: on SIGTERM readiness fails at once, new requests are still
-served for `drain_delay`, then the listener closes and in-flight requests get
-up to `drain_timeout` to finish; a second signal ends the drain at once.
+loops stay alive (a dead loop fails `/livez` and is logged), keeps the other
+long-lived tasks going under a `Supervisor` (a crash is logged, counted and
+restarted), and runs the shutdown sequence: on SIGTERM readiness fails at
+once, new requests are still served for `drain_delay`, then the listener
+closes and in-flight requests get up to `drain_timeout` to finish; a second
+signal ends the drain at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from headcount.metrics import Metrics
 from headcount.probe import Prober
 from headcount.proxy import Proxy, start_server
 from headcount.routing import make_policy
+from headcount.supervise import Supervisor
 
 __all__ = ["Router", "build_sources", "serve"]
 
@@ -42,6 +45,7 @@ class Router:
         statuses = [source.status for source in self.sources]
         self.metrics = Metrics(lambda: fleet.snapshot, statuses)
         self.prober = Prober(self.fleet, settings.probe)
+        self.supervisor = Supervisor(settings.supervision, self.metrics.task_restarts)
         self.shutting_down = False
         self._source_tasks: dict[str, asyncio.Task[None]] = {}
         self.admin = AdminApp(
@@ -77,11 +81,14 @@ class Router:
             task = asyncio.create_task(source.run(), name=source.status.name)
             task.add_done_callback(self._on_source_done)
             self._source_tasks[source.status.name] = task
-        prober = asyncio.create_task(self.prober.run(), name="prober")
+        prober = asyncio.create_task(self.supervisor.run("prober", self.prober.run), name="prober")
         grpc_health = None
         if server_settings.grpc_health_port is not None:
             grpc_health = GrpcHealthServer(
-                self.admin.report, host=server_settings.host, port=server_settings.grpc_health_port
+                self.admin.report,
+                host=server_settings.host,
+                port=server_settings.grpc_health_port,
+                supervise=self.supervisor.run,
             )
         log.info(
             "headcount listening on http://%s:%d (discovery %s, routing %s)",

@@ -30,6 +30,7 @@ __all__ = [
     "ProxySettings",
     "ServerSettings",
     "Settings",
+    "SupervisionSettings",
     "add_serve_arguments",
     "parse_duration",
     "settings_from_args",
@@ -126,6 +127,25 @@ class ProbeSettings:
 
 
 @dataclass(frozen=True)
+class SupervisionSettings:
+    """How a long-lived task that crashed (the prober) is restarted."""
+
+    restart_delay: float = 1.0
+    """First wait before a restart: long enough not to spin on a failure that repeats at once."""
+    restart_delay_max: float = 30.0
+    """The wait doubles on each crash in a row, up to this."""
+    healthy_after: float = 60.0
+    """A task that ran this long before crashing starts again from `restart_delay`."""
+
+    def __post_init__(self) -> None:
+        _require_positive(
+            ("restart_delay", self.restart_delay),
+            ("restart_delay_max", self.restart_delay_max),
+            ("healthy_after", self.healthy_after),
+        )
+
+
+@dataclass(frozen=True)
 class DiscoverySettings:
     mode: DiscoveryMode = DiscoveryMode.STATIC
     backends: tuple[str, ...] = ()
@@ -189,6 +209,7 @@ class Settings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
+    supervision: SupervisionSettings = field(default_factory=SupervisionSettings)
 
     def __post_init__(self) -> None:
         """The checks that span parts: a static router needs engines, and in Kubernetes modes

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import grpc
@@ -126,7 +126,10 @@ class GrpcHealthServer:
         host: str,
         port: int,
         refresh_interval: float = 1.0,
+        supervise: Callable[[str, Callable[[], Awaitable[None]]], Coroutine[Any, Any, None]]
+        | None = None,
     ) -> None:
+        """`supervise` runs the refresher (`Supervisor.run`: restarted if it ever crashes)."""
         if refresh_interval <= 0:
             raise ValueError(f"refresh_interval must be positive, got {refresh_interval!r}")
         self._servicer = _HealthServicer(report)
@@ -134,6 +137,7 @@ class GrpcHealthServer:
         self._refresh_interval = refresh_interval
         self._server: grpc.aio.Server | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._supervise = supervise
 
     async def start(self) -> int:
         """Listen and start refreshing; returns the bound port. Raises OSError if it cannot bind."""
@@ -146,7 +150,12 @@ class GrpcHealthServer:
             raise OSError(f"gRPC health cannot listen on {self._address}: {exc}") from exc
         await server.start()
         self._server = server
-        self._refresher = asyncio.create_task(self._refresh_forever(), name="grpc health refresh")
+        refresher = (
+            self._supervise("grpc-health-refresh", self._refresh_forever)
+            if self._supervise is not None
+            else self._refresh_forever()
+        )
+        self._refresher = asyncio.create_task(refresher, name="grpc health refresh")
         log.info("gRPC health listening on %s (bound port %d)", self._address, port)
         return port
 

@@ -71,6 +71,12 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self._task_restarts = Counter(
+            "headcount_task_restarts",
+            "Restarts of a long-lived task (the prober) after it crashed.",
+            ["task"],
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram, Histogram]] = {}
 
     def request_done(self, model: str, code: int, duration: float, ttfb: float | None) -> None:
@@ -97,6 +103,10 @@ class Metrics:
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()
+
+    def task_restarts(self, task: str) -> Callable[[], None]:
+        """What to call when `task` is restarted; its series exists (at 0) from now on."""
+        return self._task_restarts.labels(task).inc
 
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""

@@ -1,0 +1,235 @@
+"""Long-lived tasks under the supervisor: a crash is logged, counted, and restarted with back-off.
+
+The back-off runs on a fake clock; the router's own prober is made to crash
+once and is seen restarted and probing again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from headcount.app import Router
+from headcount.config import (
+    DiscoverySettings,
+    HealthSettings,
+    ProbeSettings,
+    ServerSettings,
+    Settings,
+    SupervisionSettings,
+)
+from headcount.discovery.static import StaticSource
+from headcount.fleet import EngineState, Fleet, Snapshot
+from headcount.grpc_health import GrpcHealthServer
+from headcount.health import HealthReport, Status
+from headcount.metrics import Metrics
+from headcount.sim.engine import EngineSimConfig, running_engine
+from headcount.supervise import Supervisor
+from tests.support import wait_until
+
+SETTINGS = SupervisionSettings(restart_delay=1.0, restart_delay_max=8.0, healthy_after=60.0)
+
+
+class FakeTime:
+    """A clock that moves only when the supervisor sleeps or a scripted run lasts."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class Script:
+    """A task that, on each start, runs for the next duration, then raises or returns."""
+
+    def __init__(self, time: FakeTime, runs: list[tuple[float, BaseException | None]]) -> None:
+        self._time = time
+        self._runs: Iterator[tuple[float, BaseException | None]] = iter(runs)
+        self.starts = 0
+        self.finished = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.starts += 1
+        try:
+            duration, outcome = next(self._runs)
+        except StopIteration:
+            self.finished.set()
+            await asyncio.Event().wait()  # the last start runs until cancelled
+            return
+        self._time.now += duration
+        if outcome is not None:
+            raise outcome
+
+
+def restarts(metrics: Metrics, task: str) -> float | None:
+    return metrics.registry.get_sample_value("headcount_task_restarts_total", {"task": task})
+
+
+async def supervising(
+    script: Script, time: FakeTime, metrics: Metrics, settings: SupervisionSettings = SETTINGS
+) -> None:
+    supervisor = Supervisor(settings, metrics.task_restarts, clock=time.clock, sleep=time.sleep)
+    task = asyncio.create_task(supervisor.run("worker", script))
+    try:
+        await wait_until(script.finished.is_set, what="the script played out")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled(), "cancelling the supervisor stops it (and its task)"
+
+
+def no_fleet() -> Metrics:
+    return Metrics(lambda: Snapshot((), 0))
+
+
+async def test_a_crash_is_logged_with_its_traceback_counted_and_the_task_restarted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    time, metrics = FakeTime(), no_fleet()
+    script = Script(time, [(5.0, RuntimeError("boom"))])
+    await supervising(script, time, metrics)
+    assert script.starts == 2
+    assert restarts(metrics, "worker") == 1
+    assert time.sleeps == [SETTINGS.restart_delay]
+    (record,) = [r for r in caplog.records if r.name == "headcount.supervise"]
+    assert record.levelno == logging.ERROR
+    assert record.getMessage() == "task worker stopped (RuntimeError: boom): restarting in 1s"
+    assert record.exc_info is not None and record.exc_info[1] is not None
+
+
+async def test_the_series_exists_before_any_restart() -> None:
+    metrics = no_fleet()
+    metrics.task_restarts("worker")
+    assert restarts(metrics, "worker") == 0
+
+
+async def test_the_delay_doubles_up_to_the_cap_and_starts_over_after_a_healthy_run() -> None:
+    time, metrics = FakeTime(), no_fleet()
+    quick = [(0.5, RuntimeError("again"))] * 5
+    healthy = [(SETTINGS.healthy_after, RuntimeError("after a long run"))]
+    script = Script(time, [*quick, *healthy, (0.5, RuntimeError("soon after"))])
+    await supervising(script, time, metrics)
+    assert time.sleeps == [1.0, 2.0, 4.0, 8.0, 8.0, 1.0, 2.0]
+    assert restarts(metrics, "worker") == 7
+
+
+async def test_a_crash_like_the_last_one_is_one_line_and_a_new_one_has_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    time, metrics = FakeTime(), no_fleet()
+    runs: list[tuple[float, BaseException | None]] = [
+        (0.0, ValueError("x")),
+        (0.0, ValueError("x")),
+        (0.0, KeyError("y")),
+    ]
+    await supervising(Script(time, runs), time, metrics)
+    records = [r for r in caplog.records if r.name == "headcount.supervise"]
+    assert [r.exc_info is not None for r in records] == [True, False, True]
+    assert "stopped again (ValueError: x)" in records[1].getMessage()
+
+
+async def test_a_task_that_returns_is_restarted_too(caplog: pytest.LogCaptureFixture) -> None:
+    time, metrics = FakeTime(), no_fleet()
+    await supervising(Script(time, [(1.0, None)]), time, metrics)
+    assert restarts(metrics, "worker") == 1
+    assert any("task worker stopped (returned)" in r.getMessage() for r in caplog.records)
+
+
+async def test_cancellation_is_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
+    time, metrics = FakeTime(), no_fleet()
+    await supervising(Script(time, []), time, metrics)
+    assert restarts(metrics, "worker") == 0
+    assert not [r for r in caplog.records if r.name == "headcount.supervise"]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        lambda: SupervisionSettings(restart_delay=0),
+        lambda: SupervisionSettings(restart_delay_max=-1),
+        lambda: SupervisionSettings(healthy_after=0),
+    ],
+)
+def test_back_off_settings_must_be_positive(settings: Callable[[], object]) -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        settings()
+
+
+async def test_the_routers_prober_crashes_once_is_restarted_and_probes_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with running_engine(EngineSimConfig()) as engine:
+        settings = Settings(
+            server=ServerSettings(host="127.0.0.1", port=0),
+            discovery=DiscoverySettings(backends=(engine.url,)),
+            probe=ProbeSettings(interval=0.1, unhealthy_after=1),
+            health=HealthSettings(drain_delay=0.0, drain_timeout=1.0),
+            supervision=SupervisionSettings(restart_delay=0.01),
+        )
+        fleet = Fleet(unhealthy_after=1)
+        router = Router(settings, fleet, [StaticSource(fleet, settings.discovery.backends)])
+        real_round = router.prober._probe_round
+        crashed = False
+
+        async def crash_once() -> None:
+            nonlocal crashed
+            if not crashed:
+                crashed = True
+                raise RuntimeError("prober bug")
+            await real_round()
+
+        router.prober._probe_round = crash_once  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        running = asyncio.create_task(router.run(stop))
+        try:
+            await wait_until(lambda: restarts(router.metrics, "prober") == 1, what="a restart")
+            await engine.set_fail_mode("http-500")
+            await wait_until(
+                lambda: fleet.snapshot.by_id[engine.url].state is EngineState.UNHEALTHY,
+                what="probing again after the restart",
+            )
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 30)
+    crashes = [r for r in caplog.records if "task prober stopped" in r.getMessage()]
+    assert len(crashes) == 1 and "RuntimeError: prober bug" in crashes[0].getMessage()
+    assert crashes[0].exc_info is not None
+
+
+async def test_the_grpc_health_refresher_is_supervised_too() -> None:
+    metrics = no_fleet()
+    supervisor = Supervisor(SupervisionSettings(restart_delay=0.01), metrics.task_restarts)
+    server = GrpcHealthServer(
+        lambda: HealthReport(Status.OK, (), (), {}),
+        host="127.0.0.1",
+        port=0,
+        refresh_interval=0.01,
+        supervise=supervisor.run,
+    )
+    await server.start()
+    try:
+        servicer = server._servicer
+        real_refresh = servicer.refresh
+        calls = 0
+
+        def refresh_failing_once() -> object:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("refresh bug")
+            return real_refresh()
+
+        servicer.refresh = refresh_failing_once  # type: ignore[method-assign,assignment]
+        await wait_until(lambda: restarts(metrics, "grpc-health-refresh") == 1)
+        await wait_until(lambda: calls > 3, what="refreshing again")
+    finally:
+        await server.stop(grace=0)
