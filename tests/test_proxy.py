@@ -2,7 +2,7 @@
 
 Engines are `headcount.sim.engine` instances (real aiohttp servers) or, where a
 test needs to see or send exact bytes, the scripted `RawEngine` of
-test_upstream. Clients are aiohttp, raw sockets, the official `openai` SDK and
+tests/support.py. Clients are aiohttp, raw sockets, the official `openai` SDK and
 curl. The fleet is built as discovery would build it, then marked probed.
 """
 
