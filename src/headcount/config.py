@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from headcount.routing import RoutingName
 
 __all__ = [
+    "AuthSettings",
     "ConfigError",
     "DiscoveryMode",
     "DiscoverySettings",
@@ -60,6 +61,16 @@ class ServerSettings:
     """Off by default; the standard grpc.health.v1 service for gRPC-probing platforms."""
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "INFO"
+    admin_port: int | None = None
+    """Off by default (everything on `port`, as before); set, `/engines`, `/metrics` and the
+    health endpoints move to this port, which the Service need not expose, and `port`
+    answers only the OpenAI API."""
+
+    def __post_init__(self) -> None:
+        if self.admin_port and self.admin_port in (self.port, self.grpc_health_port):
+            raise ConfigError(
+                f"--admin-port {self.admin_port} must differ from --port and --grpc-health-port"
+            )
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,29 @@ class HealthSettings:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    api_keys_file: Path | None = None
+    """Off by default: anyone who reaches the port may use it. Set, the OpenAI API (and
+    `/engines`, `/metrics` unless on `--admin-port`) needs `Authorization: Bearer <key>`
+    with a key from this file (one a line, clear or `sha256:<hex>`)."""
+    engine_api_key_file: Path | None = None
+    """Off by default; for engines started with vLLM's `--api-key`: sent to engines as
+    `Authorization: Bearer` on every probe and forwarded request, replacing the client's."""
+    key_file_check_interval: float = 5.0
+    """How often the key files' identity (inode, size, mtime) is checked; SIGHUP reloads
+    at once. A stat every few seconds costs nothing and rotation needs no signal."""
+
+    def __post_init__(self) -> None:
+        for flag, path in (
+            ("--api-keys-file", self.api_keys_file),
+            ("--engine-api-key-file", self.engine_api_key_file),
+        ):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{flag} {path}: no such file")
+        _require_positive(("key_file_check_interval", self.key_file_check_interval))
+
+
+@dataclass(frozen=True)
 class Settings:
     """The whole router: built from the flags, or in code with the same checks."""
 
@@ -179,6 +213,7 @@ class Settings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
 
     def __post_init__(self) -> None:
         """The checks that span parts: a static router needs engines, and in Kubernetes modes
@@ -265,6 +300,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-format", choices=[f.value for f in LogFormat], default=server_d.log_format.value
     )
     server.add_argument("--log-level", default=server_d.log_level)
+    server.add_argument("--admin-port", type=_parse_port, default=server_d.admin_port)
 
     discovery = parser.add_argument_group("discovery")
     discovery.add_argument(
@@ -318,6 +354,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-requires-fresh", action="store_true", default=health_d.ready_requires_fresh
     )
 
+    auth_d = AuthSettings()
+    auth = parser.add_argument_group("authentication")
+    auth.add_argument("--api-keys-file", type=Path, default=auth_d.api_keys_file)
+    auth.add_argument("--engine-api-key-file", type=Path, default=auth_d.engine_api_key_file)
+
 
 def settings_from_args(ns: argparse.Namespace) -> Settings:
     """Map the parsed flags to `Settings`, which validate themselves (`ConfigError`)."""
@@ -344,6 +385,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             grpc_health_port=ns.grpc_health_port,
             log_format=LogFormat(ns.log_format),
             log_level=ns.log_level.upper(),
+            admin_port=ns.admin_port,
         ),
         proxy=ProxySettings(
             routing=RoutingName(ns.routing),
@@ -365,5 +407,8 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             ready_requires_fresh=ns.ready_requires_fresh,
             drain_delay=ns.drain_delay,
             drain_timeout=ns.drain_timeout,
+        ),
+        auth=AuthSettings(
+            api_keys_file=ns.api_keys_file, engine_api_key_file=ns.engine_api_key_file
         ),
     )
