@@ -4,6 +4,10 @@ None of them is on the hot path. Each answer is computed from one fleet
 snapshot and the sources' freshness, at the time of the request: `/v1/models`
 lists only what routable engines serve, and health is never green from the
 router's own state alone.
+
+With `--admin-port` the OpenAI API's `/v1/models` stays on the data port
+(`handle_api`) and the rest moves to the admin port (`handle_admin`); each port
+answers 404 for the other's paths.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from headcount.metrics import Metrics
 __all__ = ["AdminApp"]
 
 _TEXT = "text/plain; charset=utf-8"
+_API_PREFIX = "/v1/"
 
 
 def _not_found(path: str) -> LocalResponse:
@@ -103,6 +108,18 @@ class AdminApp:
                     title, report.live if title == "livez" else report.ready, path, query
                 )
         return _not_found(path)
+
+    async def handle_api(self, request: LocalRequest) -> LocalResponse:
+        """The data port's answers when the admin endpoints have a port of their own."""
+        if request.path.startswith(_API_PREFIX):
+            return await self.handle(request)
+        return _not_found(request.path)
+
+    async def handle_admin(self, request: LocalRequest) -> LocalResponse:
+        """The admin port's answers: everything but the OpenAI API."""
+        if request.path.startswith(_API_PREFIX):
+            return _not_found(request.path)
+        return await self.handle(request)
 
     def _models(self) -> LocalResponse:
         cards = [dict(card) for card in self._fleet.snapshot.model_cards()]

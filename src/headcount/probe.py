@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -81,9 +81,16 @@ class Prober:
     """Keeps every engine's probe state current; start with `run()`, stop by cancelling it."""
 
     def __init__(
-        self, fleet: Fleet, settings: ProbeSettings, *, sleep: Sleep = asyncio.sleep
+        self,
+        fleet: Fleet,
+        settings: ProbeSettings,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        headers: Callable[[], Mapping[str, str] | None] = lambda: None,
     ) -> None:
-        """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time."""
+        """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time.
+        `headers()` is sent with every probe request (the engine key, read at each probe)."""
+        self._headers = headers
         self._fleet = fleet
         self._settings = settings
         self._sleep = sleep
@@ -171,7 +178,7 @@ class Prober:
         return ProbeResult(ok=True, cards=cards, running=running, waiting=waiting, kv_usage=kv)
 
     async def _get(self, session: aiohttp.ClientSession, url: str) -> str:
-        async with session.get(url) as response:
+        async with session.get(url, headers=self._headers()) as response:
             if response.status != 200:
                 raise ProbeError(f"HTTP {response.status}")
             return await response.text()

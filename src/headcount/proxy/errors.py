@@ -16,7 +16,9 @@ from headcount.metrics import UNKNOWN_MODEL
 
 __all__ = [
     "INTERNAL_ERROR",
+    "INVALID_API_KEY",
     "INVALID_JSON",
+    "MISSING_API_KEY",
     "MISSING_MODEL",
     "NOT_AN_OBJECT",
     "ErrorAnswer",
@@ -48,6 +50,14 @@ MISSING_MODEL = _answer(
     400, "request body must name a `model` (a string)", "invalid_request_error", "missing_model"
 )
 INTERNAL_ERROR = ErrorAnswer(500, INTERNAL_ERROR_BODY)
+MISSING_API_KEY = _answer(
+    401,
+    "no API key: send it as `Authorization: Bearer <key>`",
+    "invalid_request_error",
+    "invalid_api_key",
+)
+INVALID_API_KEY = _answer(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+"""Never quotes the key presented."""
 
 
 def no_engine(message: str) -> ErrorAnswer:
