@@ -1,7 +1,8 @@
 """The data plane: accept clients, proxy inference requests, answer the rest locally.
 
-    proxy = Proxy(fleet, policy, settings.proxy, metrics, local=admin.handle)
+    proxy = Proxy(fleet, policy, settings.proxy, metrics, admin.handle_api, auth.credentials)
     server = await start_server(proxy, "0.0.0.0", 8080)
+    await start_local_server(proxy, admin.handle_admin, "0.0.0.0", 9090)  # --admin-port
     ...
     proxy.begin_drain()                  # stop accepting, close idle keep-alive connections
     await proxy.wait_idle(timeout=30)    # in-flight exchanges finish
