@@ -19,7 +19,7 @@ from headcount.config import AuthSettings
 
 __all__ = ["Authentication", "Credentials"]
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 
 class Credentials:
@@ -93,6 +93,6 @@ class Authentication:
 
     def reload_soon(self) -> None:
         """Read every file again now (SIGHUP)."""
-        log.info("reloading %d key file(s)", len(self.files))
+        _log.info("reloading %d key file(s)", len(self.files))
         for key_file in self.files:
             key_file.reload_soon()

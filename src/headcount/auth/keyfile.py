@@ -30,7 +30,7 @@ from headcount.config import ConfigError
 
 __all__ = ["KeyFile"]
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _Identity = tuple[int, int, int, int]
@@ -73,7 +73,7 @@ class KeyFile(Generic[T]):
         if isinstance(value, KeyFileError):
             raise ConfigError(f"{self.flag} {self.path}: {value}")
         self._apply(value)
-        log.info("%s %s loaded", self.flag, self.path)
+        _log.info("%s %s loaded", self.flag, self.path)
 
     def reload_soon(self) -> None:
         """Read the file again at once, changed or not (what SIGHUP asks)."""
@@ -112,11 +112,11 @@ class KeyFile(Generic[T]):
             return False
         self._last_error = None
         self._apply(value)
-        log.info("%s %s reloaded", self.flag, self.path)
+        _log.info("%s %s reloaded", self.flag, self.path)
         return True
 
     def _report(self, error: str) -> None:
-        log.error("%s %s: %s; the keys in force stay", self.flag, self.path, error)
+        _log.error("%s %s: %s; the keys in force stay", self.flag, self.path, error)
 
     def _read(self, seen: _Identity | None) -> tuple[_Identity, T | KeyFileError] | None:
         """In a worker thread: the file's identity and its parsed value (or why it has none);
