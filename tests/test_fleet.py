@@ -168,3 +168,17 @@ def test_a_probe_that_changes_what_an_engine_serves_rebuilds_the_snapshot() -> N
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=(*CARDS, {"id": "new", "parent": "m"})))
     assert fleet.snapshot is not before
     assert [e.id for e in fleet.snapshot.candidates("new")] == ["uid-a"]
+
+
+def test_an_inconclusive_probe_records_its_error_and_changes_no_state() -> None:
+    fleet = ready_fleet("a")
+    for _ in range(PROBE.unhealthy_after + 1):
+        fleet.apply_probe(
+            "uid-a", ProbeResult(ok=False, error="dns: a: timeout", inconclusive=True)
+        )
+    engine = fleet.snapshot.by_id["uid-a"]
+    assert (engine.state, engine.probe_failures, engine.last_error) == (
+        EngineState.READY,
+        0,
+        "dns: a: timeout",
+    )

@@ -9,8 +9,10 @@ curl. The fleet is built as discovery would build it, then marked probed.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -22,6 +24,8 @@ import aiohttp
 import pytest
 
 from headcount._http.local import LocalRequest, LocalResponse
+from headcount._http.resolve import Resolver
+from headcount._http.upstream import Dial
 from headcount.config import ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
@@ -101,13 +105,23 @@ async def routed(
     extra_urls: Sequence[str] = (),
     settings: ProxySettings = SETTINGS,
     policy: Policy | None = None,
+    resolver: Resolver | None = None,
+    dial: Dial | None = None,
 ) -> AsyncIterator[Routed]:
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(running_engine(c)) for c in configs]
         fleet = Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
         ids = add_engines(fleet, [engine.url for engine in engines] + list(extra_urls))
         metrics = Metrics(lambda: fleet.snapshot)
-        proxy = Proxy(fleet, policy or RoundRobin(), settings, metrics, local_app)
+        proxy = Proxy(
+            fleet,
+            policy or RoundRobin(),
+            settings,
+            metrics,
+            local_app,
+            resolver=resolver,
+            dial=dial,
+        )
         server = await start_server(proxy, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         session = await stack.enter_async_context(
@@ -802,3 +816,37 @@ async def test_affinity_routing_keeps_each_key_on_one_engine(
                 served.setdefault(i % 8, set()).add(response.headers["x-engine-name"])
         assert all(len(engines) == 1 for engines in served.values()), served
         assert len(set().union(*served.values())) > 1, "keys should not all share one engine"
+
+
+# -- the router's own failures are no engine's ----------------------------------------------
+
+
+def failing_dial(error_number: int) -> Dial:
+    async def dial(factory: Any, address: str, port: int) -> Any:
+        raise OSError(error_number, os.strerror(error_number))
+
+    return dial
+
+
+@pytest.mark.parametrize(
+    ("error_number", "resource"),
+    [
+        (errno.EMFILE, "fds"),
+        (errno.ENFILE, "fds"),
+        (errno.ENOMEM, "memory"),
+        (errno.ENOBUFS, "buffers"),
+    ],
+)
+async def test_running_out_of_its_own_resources_is_a_503_and_no_engine_is_blamed(
+    error_number: int, resource: str
+) -> None:
+    async with routed(sim("a"), sim("b"), dial=failing_dial(error_number)) as setup:
+        for _ in range(10):
+            status, body, _ = await setup.post(CHAT, chat())
+            assert status == 503
+            assert_openai_error(body, "overloaded")
+        assert all(engine.routable for engine in setup.fleet.snapshot.engines)
+        assert [failures for _, _, failures in setup.loads()] == [0, 0]
+        assert setup.sample("headcount_local_resource_errors_total", resource=resource) == 10
+        assert setup.sample("headcount_upstream_failovers_total", reason="connect_failed") == 0
+        assert setup.all_released()

@@ -16,6 +16,7 @@ import logging
 import signal
 from collections.abc import Sequence
 
+from headcount._http.resolve import Resolver
 from headcount.admin import AdminApp
 from headcount.auth import Authentication
 from headcount.config import ConfigError, DiscoveryMode, Settings
@@ -46,7 +47,13 @@ class Router:
         self.metrics = Metrics(lambda: fleet.snapshot, statuses)
         self.auth = Authentication(settings.auth)
         credentials = self.auth.credentials
-        self.prober = Prober(self.fleet, settings.probe, headers=credentials.engine_probe_headers)
+        resolver = Resolver(settings.dns.timeout)  # one lookup policy for probes and proxy
+        self.prober = Prober(
+            self.fleet,
+            settings.probe,
+            headers=credentials.engine_probe_headers,
+            resolver=resolver,
+        )
         self.shutting_down = False
         self._source_tasks: dict[str, asyncio.Task[None]] = {}
         self.admin = AdminApp(
@@ -64,6 +71,7 @@ class Router:
             self.metrics,
             self.admin.handle if settings.server.admin_port is None else self.admin.handle_api,
             credentials,
+            resolver=resolver,
         )
 
     def _dead_sources(self) -> set[str]:

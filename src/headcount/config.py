@@ -25,6 +25,7 @@ __all__ = [
     "ConfigError",
     "DiscoveryMode",
     "DiscoverySettings",
+    "DnsSettings",
     "HealthSettings",
     "LogFormat",
     "ProbeSettings",
@@ -167,6 +168,20 @@ class DiscoverySettings:
 
 
 @dataclass(frozen=True)
+class DnsSettings:
+    """How engine host names are looked up, by the proxy and the probes alike (never cached:
+    `headcount._http.resolve`)."""
+
+    timeout: float = 0.5
+    """Cluster DNS answers in milliseconds; a lookup slower than this is a DNS failure (fail
+    over, never eject), not an engine's silence. It must stay under --probe-timeout so that a
+    probe stuck on DNS is reported as such, hence well under a second."""
+
+    def __post_init__(self) -> None:
+        _require_positive(("--dns-timeout", self.timeout))
+
+
+@dataclass(frozen=True)
 class HealthSettings:
     discovery_stale_after: float = 120.0
     """Older discovery makes /health degraded (and /readyz fail with ready_requires_fresh)."""
@@ -214,10 +229,17 @@ class Settings:
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
+    dns: DnsSettings = field(default_factory=DnsSettings)
 
     def __post_init__(self) -> None:
-        """The checks that span parts: a static router needs engines, and in Kubernetes modes
-        liveness must outlast the slowest discovery round."""
+        """The checks that span parts: a lookup ends before the probe that waits on it, a
+        static router needs engines, and in Kubernetes modes liveness must outlast the slowest
+        discovery round."""
+        if self.dns.timeout >= self.probe.timeout:
+            raise ConfigError(
+                f"--dns-timeout {self.dns.timeout:g}s must be under --probe-timeout "
+                f"{self.probe.timeout:g}s: a probe stuck on DNS would blame the engine"
+            )
         discovery, dead_after = self.discovery, self.health.discovery_dead_after
         if discovery.mode is DiscoveryMode.STATIC:
             if not discovery.backends:
@@ -292,6 +314,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every `headcount serve` flag (DESIGN.md §3 is the contract)."""
     server_d, proxy_d, probe_d = ServerSettings(), ProxySettings(), ProbeSettings()
     discovery_d, health_d = DiscoverySettings(), HealthSettings()
+    dns_d = DnsSettings()
     server = parser.add_argument_group("server")
     server.add_argument("--host", default=server_d.host)
     server.add_argument("--port", type=_parse_port, default=server_d.port)
@@ -332,6 +355,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--read-timeout", type=parse_duration, default=proxy_d.read_timeout)
     proxy.add_argument("--max-failovers", type=int, default=proxy_d.max_failovers)
     proxy.add_argument("--max-body-size", type=_parse_size, default=proxy_d.max_body_size)
+    proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
 
     probe = parser.add_argument_group("engine probes")
     probe.add_argument("--probe-interval", type=parse_duration, default=probe_d.interval)
@@ -411,4 +435,5 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
         auth=AuthSettings(
             api_keys_file=ns.api_keys_file, engine_api_key_file=ns.engine_api_key_file
         ),
+        dns=DnsSettings(timeout=ns.dns_timeout),
     )

@@ -93,6 +93,9 @@ class ProbeResult:
     waiting: float = 0.0
     kv_usage: float | None = None
     error: str | None = None
+    inconclusive: bool = False
+    """The probe failed for the router's own reasons (a failed DNS lookup, no free fd): the
+    error is recorded, the engine's state is left as it was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +268,8 @@ class Fleet:
         return frozenset(e.id for e in self._engines.values() if e.spec.source == source)
 
     def apply_probe(self, engine_id: str, result: ProbeResult) -> None:
-        """Record a probe; ignored if the engine was removed while it was being probed."""
+        """Record a probe; ignored if the engine was removed while it was being probed.
+        An inconclusive failure only records its error."""
         engine = self._engines.get(engine_id)
         if engine is None:
             return
@@ -283,6 +287,8 @@ class Fleet:
                 probe_failures=0,
                 last_error=None,
             )
+        elif result.inconclusive:
+            updated = replace(engine, last_error=result.error)
         else:
             failures = engine.probe_failures + 1
             state = engine.state

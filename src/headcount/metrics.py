@@ -1,8 +1,9 @@
 """Prometheus metrics: hot-path counters kept cheap, fleet state read at scrape time.
 
 Per-request series (`headcount_requests_total`, the latency histograms,
-failovers) live in a registry and are updated through cached label children.
-Everything that describes the fleet or discovery (`headcount_engines`,
+failovers, the router's own resource errors) live in a registry and are
+updated through cached label children; those with a fixed label set start at
+zero. Everything that describes the fleet or discovery (`headcount_engines`,
 `headcount_engine_in_flight`, `headcount_discovery_*`) is computed from a
 snapshot when scraped, so an engine's series disappear with the engine. The
 text is rendered in a worker thread so a scrape never stalls the event loop.
@@ -22,12 +23,15 @@ from prometheus_client.metrics_core import Metric
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
 
-__all__ = ["CONTENT_TYPE", "UNKNOWN_MODEL", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LOCAL_RESOURCES", "UNKNOWN_MODEL", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 UNKNOWN_MODEL = "unknown"
 """The `model` label of requests whose model is unknown: client input must not mint series."""
+
+LOCAL_RESOURCES = ("fds", "memory", "buffers")
+"""The `resource` label of `headcount_local_resource_errors_total`."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -71,6 +75,15 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self._local_resource_errors = Counter(
+            "headcount_local_resource_errors",
+            "Operations that failed for want of the router's own resources (fds, memory, "
+            "buffers): never counted against an engine.",
+            ["resource"],
+            registry=self.registry,
+        )
+        for resource in LOCAL_RESOURCES:
+            self._local_resource_errors.labels(resource)
         self._children: dict[tuple[str, int], tuple[Counter, Histogram, Histogram]] = {}
 
     def request_done(self, model: str, code: int, duration: float, ttfb: float | None) -> None:
@@ -97,6 +110,10 @@ class Metrics:
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()
+
+    def local_resource_error(self, resource: str) -> None:
+        """The router ran out of `resource` (one of `LOCAL_RESOURCES`)."""
+        self._local_resource_errors.labels(resource).inc()
 
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""

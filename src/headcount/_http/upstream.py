@@ -22,6 +22,12 @@ head over `max_head_size`, or any byte after the complete response is a
 `ProtocolViolation`. A connection goes back to its pool only after a clean,
 complete exchange whose request was fully written.
 
+Connecting: the host name is looked up for every new connection through the
+shared `Resolver` (never cached; a literal IP is used as is), then each address
+is tried in order within `connect_timeout`. A failed lookup is `LookupFailed`
+and the router's own exhaustion (EMFILE, ENFILE, ENOMEM, ENOBUFS) is
+`LocalResourceExhausted`: neither is `ConnectFailed`, which blames the engine.
+
 Timers: one handle per connection for its whole life. It fires at least every
 `min(read_timeout, idle_timeout)` and compares the time against a deadline that
 each read only moves, so no request schedules or cancels anything.
@@ -31,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
 from typing import Protocol, cast
 from urllib.parse import urlsplit
@@ -41,15 +47,19 @@ import httptools
 from headcount._http.errors import (
     ConnectFailed,
     ConnectTimeout,
+    LocalResourceExhausted,
     NoResponse,
     ProtocolViolation,
     StaleConnection,
     StreamBroken,
     UpstreamError,
     UpstreamTimeout,
+    local_resource,
 )
+from headcount._http.resolve import Resolver, literal_address
 
 __all__ = [
+    "Dial",
     "ResponseHead",
     "ResponseListener",
     "UpstreamConnection",
@@ -65,6 +75,20 @@ _KEEPALIVE_TUNING = tuple(
 )
 """Probe a silent engine after 30 s, give up after 3 more tries 10 s apart: a dead host
 (no FIN, no RST) is found in about a minute instead of Linux's default two hours."""
+
+
+Dial = Callable[
+    [Callable[[], "UpstreamConnection"], str, int],
+    Awaitable[tuple[asyncio.BaseTransport, "UpstreamConnection"]],
+]
+"""Opens a TCP connection to (address, port) with a protocol factory: `loop.create_connection`
+in production; tests inject failures (EMFILE) here."""
+
+
+async def _create_connection(
+    factory: Callable[[], UpstreamConnection], address: str, port: int
+) -> tuple[asyncio.BaseTransport, UpstreamConnection]:
+    return await asyncio.get_running_loop().create_connection(factory, address, port)
 
 
 class ResponseHead:
@@ -162,6 +186,11 @@ class UpstreamConnection(asyncio.Protocol):
         self._in_head = False
 
     # -- used by the proxy --------------------------------------------------------------------
+
+    @property
+    def answering(self) -> bool:
+        """Whether any byte of the response to the current request has arrived."""
+        return self._received
 
     def send(self, request: bytes, listener: ResponseListener) -> None:
         """Write a whole request; `listener` hears about its response."""
@@ -380,8 +409,11 @@ class UpstreamPool:
     """Keep-alive connections to one engine; the most recently used is reused first."""
 
     __slots__ = (
+        "_addresses",
         "_closed",
+        "_dial",
         "_idle",
+        "_resolver",
         "connect_timeout",
         "host",
         "host_header",
@@ -403,6 +435,8 @@ class UpstreamPool:
         idle_timeout: float,
         max_idle: int,
         max_head_size: int,
+        resolver: Resolver,
+        dial: Dial | None = None,
     ) -> None:
         parts = urlsplit(url)
         self.url = url
@@ -415,6 +449,10 @@ class UpstreamPool:
         self.tick = min(read_timeout, idle_timeout)
         self.max_idle = max_idle
         self.max_head_size = max_head_size
+        self._resolver = resolver
+        self._dial = dial or _create_connection
+        literal = literal_address(self.host)
+        self._addresses = None if literal is None else (literal,)
         self._idle: dict[UpstreamConnection, None] = {}
         self._closed = False
 
@@ -432,18 +470,35 @@ class UpstreamPool:
         return None
 
     async def connect(self) -> UpstreamConnection:
-        """A new connection, or `ConnectFailed`/`ConnectTimeout` within `connect_timeout`."""
+        """A new connection to the address the host name has now, each tried in turn.
+
+        `ConnectFailed`/`ConnectTimeout` (within `connect_timeout`, after the lookup),
+        `LookupFailed` (the resolver's), or `LocalResourceExhausted`.
+        """
         loop = asyncio.get_running_loop()
+        addresses = self._addresses or await self._resolver.resolve(self.host, self.port)
+        failure: OSError | None = None
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, connection = await loop.create_connection(
-                    lambda: UpstreamConnection(self, loop), self.host, self.port
-                )
+                for address in addresses:
+                    try:
+                        _, connection = await self._dial(
+                            lambda: UpstreamConnection(self, loop), address, self.port
+                        )
+                    except OSError as exc:
+                        resource = local_resource(exc)
+                        if resource is not None:
+                            raise LocalResourceExhausted(
+                                f"connecting to {self.host}: {exc.strerror or exc}", resource
+                            ) from None
+                        failure = exc
+                        continue
+                    return connection
         except TimeoutError:
             raise ConnectTimeout(f"not accepted within {self.connect_timeout:g}s") from None
-        except OSError as exc:
-            raise ConnectFailed(exc.strerror or str(exc) or type(exc).__name__) from None
-        return connection
+        if failure is None:  # unreachable: the resolver answers LookupFailed, not no address
+            raise ConnectFailed(f"no address to connect to for {self.host}")
+        raise ConnectFailed(failure.strerror or str(failure) or type(failure).__name__)
 
     def release(self, connection: UpstreamConnection) -> None:
         if self._closed or len(self._idle) >= self.max_idle:
@@ -474,14 +529,19 @@ class Upstreams:
         idle_timeout: float,
         max_idle: int,
         max_head_size: int,
+        resolver: Resolver,
+        dial: Dial | None = None,
     ) -> None:
         """`idle_timeout` closes an idle connection, `max_idle` bounds them per engine;
-        `max_head_size` bounds a response's status line and headers."""
+        `max_head_size` bounds a response's status line and headers; `resolver` looks engine
+        host names up (shared with the probes), `dial` opens connections."""
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._idle_timeout = idle_timeout
         self._max_idle = max_idle
         self._max_head_size = max_head_size
+        self._resolver = resolver
+        self._dial = dial
         self._pools: dict[str, UpstreamPool] = {}
 
     def pool(self, engine_id: str, url: str) -> UpstreamPool:
@@ -496,6 +556,8 @@ class Upstreams:
                 idle_timeout=self._idle_timeout,
                 max_idle=self._max_idle,
                 max_head_size=self._max_head_size,
+                resolver=self._resolver,
+                dial=self._dial,
             )
             self._pools[engine_id] = pool
         return pool

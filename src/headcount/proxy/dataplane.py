@@ -42,12 +42,13 @@ from collections.abc import Awaitable
 from headcount._http.connections import ConnectionRegistry
 from headcount._http.handler import Request, Responder
 from headcount._http.local import LocalHandler, serve_local
+from headcount._http.resolve import Resolver
 from headcount._http.server import HttpServerProtocol, ServerLimits
-from headcount._http.upstream import Upstreams
+from headcount._http.upstream import Dial, Upstreams
 from headcount._http.wire import JSON_HEADER
 from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
-from headcount.config import ProxySettings
+from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
 from headcount.metrics import UNKNOWN_MODEL, Metrics
 from headcount.proxy.admission import Refused, admit
@@ -78,8 +79,13 @@ class Proxy:
         metrics: Metrics,
         local: LocalHandler,
         credentials: Credentials | None = None,
+        *,
+        resolver: Resolver | None = None,
+        dial: Dial | None = None,
     ) -> None:
-        """`credentials` None: no key needed, the client's `Authorization` passes through."""
+        """`credentials` None: no key needed, the client's `Authorization` passes through.
+        `resolver` looks engine host names up (shared with the probes; default: a fresh one
+        with the default `DnsSettings`), `dial` opens engine connections (tests inject here)."""
         self.fleet = fleet
         self.policy = policy
         self.metrics = metrics
@@ -97,6 +103,8 @@ class Proxy:
             idle_timeout=settings.pool_idle_timeout,
             max_idle=settings.pool_max_idle,
             max_head_size=settings.max_header_size,
+            resolver=resolver or Resolver(DnsSettings().timeout),
+            dial=dial,
         )
         self._context = ExchangeContext(
             fleet=fleet,

@@ -23,6 +23,7 @@ __all__ = [
     "NOT_AN_OBJECT",
     "ErrorAnswer",
     "no_engine",
+    "overloaded",
     "unroutable",
     "upstream_failed",
     "upstream_timed_out",
@@ -62,6 +63,11 @@ INVALID_API_KEY = _answer(401, "invalid API key", "invalid_request_error", "inva
 
 def no_engine(message: str) -> ErrorAnswer:
     return _answer(503, message, "service_unavailable", "no_engine_available")
+
+
+def overloaded(message: str) -> ErrorAnswer:
+    """The router itself is out of a resource: no engine is to blame, try again later."""
+    return _answer(503, message, "service_unavailable", "overloaded")
 
 
 def upstream_timed_out(detail: str, tried: int) -> ErrorAnswer:

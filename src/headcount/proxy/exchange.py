@@ -2,11 +2,13 @@
 
 Failure before the first response byte is retried on a different engine, at
 most `max_failovers` times: a connect failure (which also ejects the engine
-until a probe revives it), a connection closed before any byte, or a 502/503
-from the engine. A stale pooled connection is retried once on a fresh
-connection to the same engine, not counted as a failover. After the first byte
-nothing is retried; a broken stream closes the client connection, its chunked
-body left unterminated. Every attempt holds `engine.load.in_flight` from
+until a probe revives it), a connection closed before any byte, a 502/503
+from the engine, or a failed DNS lookup (which blames no engine). A stale
+pooled connection is retried once on a fresh connection to the same engine,
+not counted as a failover. After the first byte nothing is retried; a broken
+stream closes the client connection, its chunked body left unterminated. The
+router's own exhaustion (no fd for a connection) is answered 503 at once and
+counted against no engine. Every attempt holds `engine.load.in_flight` from
 routing to its end, released at a single point (`Exchange._release`).
 
 An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 
 from headcount._http.errors import (
     ConnectFailed,
+    LocalResourceExhausted,
+    LookupFailed,
     NoResponse,
     StaleConnection,
     UpstreamError,
@@ -34,6 +38,7 @@ from headcount.metrics import Metrics
 from headcount.proxy.errors import (
     INTERNAL_ERROR,
     ErrorAnswer,
+    overloaded,
     upstream_failed,
     upstream_timed_out,
 )
@@ -48,6 +53,8 @@ _FAILOVER_STATUSES = frozenset({502, 503})
 _FAILOVER_REASONS = {status: f"http_{status}" for status in _FAILOVER_STATUSES}
 CLIENT_CLOSED = 499
 """Recorded in metrics when the client leaves first (nginx's convention); never sent."""
+_FAILOVER_ERRORS = (ConnectFailed, NoResponse, LookupFailed)
+_RESOURCE_NAMES = {"fds": "file descriptors"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +262,17 @@ class Exchange:
             self._release(failed=False)
             self._attempt(engine, fresh=True)
             return
-        self._release(failed=True)
+        if isinstance(error, LocalResourceExhausted):
+            self._release(failed=False)  # the router's trouble: no engine is blamed or tried
+            self._context.metrics.local_resource_error(error.resource)
+            resource = _RESOURCE_NAMES.get(error.resource, error.resource)
+            self._fail(overloaded(f"the router is out of {resource} ({error}); retry later"))
+            return
+        blamed = not isinstance(error, LookupFailed)  # the DNS's trouble, not the engine's
+        self._release(failed=blamed)
         if isinstance(error, ConnectFailed):
             self._context.fleet.eject(engine.id, f"connect failed: {error}")
-        if isinstance(error, ConnectFailed | NoResponse):
+        if isinstance(error, _FAILOVER_ERRORS):
             retry = self._next_engine()
             if retry is not None:
                 self._context.metrics.failover(error.reason)
