@@ -14,7 +14,7 @@ import errno
 import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
@@ -127,6 +127,7 @@ class Router:
     url: str
     session: aiohttp.ClientSession
     table: Table
+    left: list[str] = field(default_factory=list)
 
     async def chat(self) -> tuple[int, str]:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -159,6 +160,7 @@ async def router(table: Table, urls: Sequence[str]) -> AsyncIterator[Router]:
         setup = Router(
             fleet, proxy, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", session, table
         )
+        fleet.subscribe(lambda change: setup.left.extend(change.left))
         try:
             yield setup
         finally:
@@ -191,6 +193,7 @@ async def test_a_recreated_service_is_followed_by_the_proxy_and_the_probes_at_on
             lambda: setup.engine(url) == (EngineState.READY, None, ("on-new",)),
             what="a probe answered by the new address",
         )
+        assert setup.left == [], "the engine never left rotation"
         assert await setup.chat() == (200, "new")
         del new
 
@@ -218,7 +221,7 @@ async def test_a_name_that_stops_resolving_fails_over_and_blames_no_engine() -> 
             assert state is EngineState.READY and (error or "").startswith("dns: gone.test")
             engine = setup.fleet.snapshot.by_id[gone]
             assert engine.load.failures == 0
-            assert engine.probe_failures == 0 and engine.routable
+            assert engine.probe_failures == 0 and setup.left == []
 
 
 async def test_a_probe_the_router_cannot_make_for_want_of_fds_changes_no_state() -> None:
@@ -236,6 +239,6 @@ async def test_a_probe_the_router_cannot_make_for_want_of_fds_changes_no_state()
             state, error, _ = setup.engine(url)
             assert state is EngineState.READY, error
             assert "out of fds" in (error or ""), error
-            assert setup.fleet.snapshot.by_id[url].probe_failures == 0
+            assert setup.left == []
             setup.fleet.apply_probe(url, ProbeResult(ok=False, error="a real failure"))
             assert setup.fleet.snapshot.by_id[url].probe_failures == 1

@@ -182,3 +182,15 @@ def test_an_inconclusive_probe_records_its_error_and_changes_no_state() -> None:
         0,
         "dns: a: timeout",
     )
+
+
+def test_listeners_hear_an_engine_leave_rotation_once_per_write() -> None:
+    heard: list[FleetChange] = []
+    fleet = ready_fleet("a", "b", "c")
+    fleet.subscribe(heard.append)
+    fleet.eject("uid-a", "connect refused")
+    for _ in range(PROBE.unhealthy_after + 1):  # the last one finds it out already
+        fleet.apply_probe("uid-b", ProbeResult(ok=False, error="x"))
+    fleet.upsert(spec("c", ready=False))
+    assert [change.left for change in heard] == [("uid-a",), ("uid-b",), ("uid-c",)]
+    assert [change.to_probe for change in heard] == [(), (), ("uid-c",)]

@@ -81,7 +81,11 @@ class Routed:
         ]
 
     def all_released(self) -> bool:
-        return all(in_flight == 0 for in_flight, _, _ in self.loads()) and not self.proxy.in_flight
+        return (
+            all(in_flight == 0 for in_flight, _, _ in self.loads())
+            and not self.proxy.in_flight
+            and not self.proxy.awaiting_first_byte
+        )
 
     def sample(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
@@ -816,6 +820,142 @@ async def test_affinity_routing_keeps_each_key_on_one_engine(
                 served.setdefault(i % 8, set()).add(response.headers["x-engine-name"])
         assert all(len(engines) == 1 for engines in served.values()), served
         assert len(set().union(*served.values())) > 1, "keys should not all share one engine"
+
+
+# -- a request never waits on an engine known to be dead ----------------------------------
+
+PATIENT = ProxySettings(connect_timeout=1.0, read_timeout=60.0)
+"""A read timeout far beyond the client's: only failover can answer these requests in time."""
+
+
+class Prefer:
+    """Routes to `engine_id` whenever it is a candidate, else to the first candidate."""
+
+    name = "prefer"
+    key_source = None
+
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+
+    def select(self, candidates: Sequence[Any], request: Any) -> Any:
+        chosen = [engine for engine in candidates if engine.id == self.engine_id]
+        return (chosen or list(candidates) or [None])[0]
+
+
+class Silent:
+    """A raw engine script: reads each request, never answers, until `release` is set."""
+
+    def __init__(self, answer: bytes = b"") -> None:
+        self.requests = 0
+        self.answer = answer
+        self.release = asyncio.Event()
+
+    async def __call__(self, conn: EngineConnection) -> None:
+        while await conn.read_request() is not None:
+            self.requests += 1
+            if not self.answer:
+                await conn.reader.read()  # until the router hangs up
+                return
+            await self.release.wait()
+            await conn.send(self.answer)
+
+
+def leave_rotation(setup: Routed, engine_id: str, how: str) -> None:
+    fleet = setup.fleet
+    if how == "ejected":
+        fleet.eject(engine_id, "connect refused by the engine")
+    elif how == "probes fail":
+        for _ in range(ProbeSettings().unhealthy_after):
+            fleet.apply_probe(engine_id, ProbeResult(ok=False, error="HTTP 500"))
+    elif how == "removed":
+        fleet.reconcile("static", [e.spec for e in fleet.snapshot.engines if e.id != engine_id])
+    else:
+        raise AssertionError(how)
+
+
+async def waiting_on(setup: Routed, silent: Silent, requests: int = 1) -> None:
+    await wait_until(
+        lambda: silent.requests == requests and setup.proxy.awaiting_first_byte == 1,
+        what="the request waiting on the silent engine",
+    )
+
+
+@pytest.mark.parametrize("how", ["ejected", "probes fail", "removed"])
+async def test_a_request_waiting_on_an_engine_that_leaves_rotation_fails_over_at_once(
+    how: str,
+) -> None:
+    silent = Silent()
+    async with raw_engine(silent) as engine:
+        async with routed(
+            sim("alive"), extra_urls=[engine.url], settings=PATIENT, policy=Prefer(engine.url)
+        ) as setup:
+            request = asyncio.ensure_future(setup.post(CHAT, chat()))
+            await waiting_on(setup, silent)
+            leave_rotation(setup, engine.url, how)
+            status, _, headers = await request  # the client gives up long before read_timeout
+            assert (status, headers["x-engine-name"]) == (200, "alive")
+            reason = "engine_removed" if how == "removed" else "engine_left_rotation"
+            assert setup.sample("headcount_upstream_failovers_total", reason=reason) == 1
+            if how == "removed":
+                setup.engine_ids.remove(engine.url)
+            else:
+                assert setup.loads()[1][2] == 0, "leaving is not counted as the engine's failure"
+            await wait_until(setup.all_released)
+
+
+@pytest.mark.parametrize(
+    ("alive", "status", "code"),
+    [(False, 503, "no_engine_available"), (True, 502, "upstream_failed")],
+)
+async def test_with_no_engine_to_fail_over_to_the_answer_comes_at_once(
+    alive: bool, status: int, code: str
+) -> None:
+    silent = Silent()
+    settings = ProxySettings(connect_timeout=1.0, read_timeout=60.0, max_failovers=0)
+    configs = (sim("alive"),) if alive else ()
+    async with raw_engine(silent) as engine:
+        async with routed(
+            *configs, extra_urls=[engine.url], settings=settings, policy=Prefer(engine.url)
+        ) as setup:
+            request = asyncio.ensure_future(setup.post(CHAT, chat()))
+            await waiting_on(setup, silent)
+            setup.fleet.eject(engine.url, "connect refused by the engine")
+            answered, body, _ = await request
+            assert answered == status
+            assert_openai_error(body, code)
+            await wait_until(setup.all_released)
+
+
+async def test_no_first_byte_within_first_byte_timeout_fails_over_then_504() -> None:
+    settings = ProxySettings(connect_timeout=1.0, read_timeout=60.0, first_byte_timeout=0.2)
+    silent = Silent()
+    async with raw_engine(silent) as engine:
+        async with routed(
+            sim("alive"), extra_urls=[engine.url], settings=settings, policy=Prefer(engine.url)
+        ) as setup:
+            status, _, headers = await setup.post(CHAT, chat())
+            assert (status, headers["x-engine-name"]) == (200, "alive")
+            assert setup.sample("headcount_upstream_failovers_total", reason="first_byte_timeout")
+            assert setup.loads()[1][2] == 1, "a silent engine is counted as failing"
+            await wait_until(setup.all_released)
+        async with routed(extra_urls=[engine.url], settings=settings) as setup:
+            status, body, _ = await setup.post(CHAT, chat())
+            assert status == 504
+            assert_openai_error(body, "upstream_timeout")
+            await wait_until(setup.all_released)
+
+
+async def test_first_byte_timeout_never_cuts_an_answer_that_has_begun() -> None:
+    settings = ProxySettings(connect_timeout=1.0, read_timeout=5.0, first_byte_timeout=0.1)
+    async with routed(sim("a", token_delay=0.15), settings=settings) as setup:
+        async with setup.session.post(
+            setup.url + CHAT, json=chat(stream=True, max_tokens=3)
+        ) as response:
+            assert response.status == 200
+            assert setup.proxy.awaiting_first_byte == 0, "the head ended the wait"
+            assert (await response.read()).endswith(b"data: [DONE]\n\n")
+        assert setup.sample("headcount_upstream_failovers_total", reason="first_byte_timeout") == 0
+        await wait_until(setup.all_released)
 
 
 # -- the router's own failures are no engine's ----------------------------------------------

@@ -101,6 +101,9 @@ class ProxySettings:
     affinity_epsilon: float = 0.25
     """Session and prefix routing: an engine keeps its keys until its in-flight count exceeds
     (1 + epsilon) times the mean (consistent hashing with bounded load)."""
+    first_byte_timeout: float | None = None
+    """Off by default: a long prompt's prefill legitimately takes minutes before the first
+    byte. Set, an attempt with no response byte within it is failed over to another engine."""
 
     def __post_init__(self) -> None:
         if self.max_failovers < 0:
@@ -108,6 +111,8 @@ class ProxySettings:
         _require_positive(
             ("--connect-timeout", self.connect_timeout), ("--read-timeout", self.read_timeout)
         )
+        if self.first_byte_timeout is not None:
+            _require_positive(("--first-byte-timeout", self.first_byte_timeout))
 
 
 @dataclass(frozen=True)
@@ -355,6 +360,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--read-timeout", type=parse_duration, default=proxy_d.read_timeout)
     proxy.add_argument("--max-failovers", type=int, default=proxy_d.max_failovers)
     proxy.add_argument("--max-body-size", type=_parse_size, default=proxy_d.max_body_size)
+    proxy.add_argument(
+        "--first-byte-timeout", type=parse_duration, default=proxy_d.first_byte_timeout
+    )
     proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
 
     probe = parser.add_argument_group("engine probes")
@@ -417,6 +425,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             read_timeout=ns.read_timeout,
             max_failovers=ns.max_failovers,
             max_body_size=ns.max_body_size,
+            first_byte_timeout=ns.first_byte_timeout,
         ),
         probe=ProbeSettings(
             interval=ns.probe_interval,

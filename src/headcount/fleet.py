@@ -6,6 +6,10 @@ failures (`eject`). Readers (routing, `/v1/models`, `/engines`, health, metrics)
 take `fleet.snapshot`, an immutable view whose indexes are built once; writers
 mark it stale and the next reader rebuilds it, so a burst of watch events costs
 one rebuild. Removing an engine drops every piece of per-engine state with it.
+
+Listeners hear every write that changes the engine set or takes an engine out
+of rotation (`FleetChange.left`), so the proxy can fail over requests still
+waiting on it at once.
 """
 
 from __future__ import annotations
@@ -195,6 +199,8 @@ class FleetChange:
     changed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     unchanged: int = 0
+    left: tuple[str, ...] = ()
+    """Engines still known that left rotation: unhealthy, ejected, not ready, asleep, moved."""
 
     @property
     def to_probe(self) -> tuple[str, ...]:
@@ -215,6 +221,8 @@ class Fleet:
         self._version = 0
         self._snapshot = Snapshot((), 0)
         self._stale = False
+        self._left: list[str] = []
+        """Engines that left rotation since the last publication."""
 
     @property
     def snapshot(self) -> Snapshot:
@@ -297,12 +305,14 @@ class Fleet:
             updated = replace(engine, state=state, probe_failures=failures, last_error=result.error)
         if updated != engine:
             self._store(updated)
+            self._publish_left()
 
     def eject(self, engine_id: str, reason: str) -> None:
         """Take an engine out of rotation until its next successful probe (passive health)."""
         engine = self._engines.get(engine_id)
         if engine is not None and engine.state is EngineState.READY:
             self._store(replace(engine, state=EngineState.UNHEALTHY, last_error=reason))
+            self._publish_left()
 
     def _put(self, spec: EngineSpec) -> str:
         current = self._engines.get(spec.id)
@@ -319,17 +329,27 @@ class Fleet:
         return "changed"
 
     def _store(self, engine: Engine) -> None:
+        previous = self._engines.get(engine.id)
         self._engines[engine.id] = engine
         self._version += 1
         self._stale = True
+        if previous is not None and previous.routable and not engine.routable:
+            self._left.append(engine.id)
 
     def _publish(self, change: FleetChange) -> FleetChange:
         if change.removed:
             self._version += 1
             self._stale = True
+        if self._left:
+            change = replace(change, left=tuple(dict.fromkeys(self._left)))
+            self._left.clear()
         for listener in self._listeners:
             listener(change)
         return change
+
+    def _publish_left(self) -> None:
+        if self._left:
+            self._publish(FleetChange())
 
 
 def _state_after_change(current: Engine, spec: EngineSpec) -> EngineState:

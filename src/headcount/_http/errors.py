@@ -9,19 +9,22 @@ the boundary, so the proxy never inspects a foreign exception::
      ├── NoResponse          closed or reset after the request was written, before any byte
      │    └── StaleConnection    ... on a reused keep-alive connection the engine had closed
      ├── UpstreamTimeout     no byte within read_timeout (ConnectTimeout is one too)
+     │    └── FirstByteTimeout   ... no first byte within first_byte_timeout: fail over
      ├── StreamBroken        closed, reset or malformed after the first response byte
      │    └── ProtocolViolation  the engine broke HTTP/1.1 framing (see its docstring)
+     ├── Abandoned           the router stopped waiting: the engine left rotation or the fleet
      ├── LookupFailed        the engine's host name did not resolve: the DNS's trouble
      └── LocalResourceExhausted  the router itself is out of fds, memory or buffers
 
 What the proxy does with each: `ConnectFailed` ejects the engine and fails over;
-`NoResponse` fails over; `StaleConnection` retries once on a fresh connection
-to the same engine; `UpstreamTimeout` answers 504; `StreamBroken` is never
-retried: the engine may have done the work, and the client may have part of
-it. A connection that saw a `ProtocolViolation` is closed, never reused. The
-last two are not the engine's failure: `LookupFailed` fails over without
-counting against it, and `LocalResourceExhausted` is answered 503 at once
-(another engine would need the same fd), never blamed on any engine.
+`NoResponse`, `FirstByteTimeout` and `Abandoned` fail over; `StaleConnection`
+retries once on a fresh connection to the same engine; `UpstreamTimeout`
+answers 504; `StreamBroken` is never retried: the engine may have done the
+work, and the client may have part of it. A connection that saw a
+`ProtocolViolation` is closed, never reused. The last three are not the
+engine's failure: `Abandoned` and `LookupFailed` fail over without counting
+against it, and `LocalResourceExhausted` is answered 503 at once (another engine
+would need the same fd), never blamed on any engine.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import errno
 import socket
 
 __all__ = [
+    "Abandoned",
     "ConnectFailed",
     "ConnectTimeout",
+    "FirstByteTimeout",
     "LocalResourceExhausted",
     "LookupFailed",
     "NoResponse",
@@ -95,6 +100,23 @@ class ProtocolViolation(StreamBroken):
     """
 
     reason = "protocol_violation"
+
+
+class FirstByteTimeout(UpstreamTimeout):
+    """No response byte within `first_byte_timeout` of the attempt: another engine may answer."""
+
+    reason = "first_byte_timeout"
+
+
+class Abandoned(UpstreamError):
+    """The router stopped waiting for a first byte: the engine left rotation or the fleet.
+
+    Not the engine's failure as far as this request can tell: it is not counted against it.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class LookupFailed(UpstreamError):

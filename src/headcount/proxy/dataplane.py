@@ -20,6 +20,10 @@ endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
 a `LocalHandler`, with no key; it stays open through the drain, so probes and
 scrapes are answered until the process ends.
 
+The proxy keeps, per engine, the exchanges still waiting for its first byte;
+when the fleet says an engine left rotation or the fleet, those fail over at
+once (`Exchange.engine_left`) instead of waiting out `--read-timeout`.
+
 The request goes out with hop-by-hop headers dropped, `host` set to the engine,
 the engine key in place of the client's `Authorization` when keys are
 configured, and an `x-request-id` (the client's, or a new one), which also
@@ -106,6 +110,7 @@ class Proxy:
             resolver=resolver or Resolver(DnsSettings().timeout),
             dial=dial,
         )
+        self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
             policy=policy,
@@ -113,6 +118,8 @@ class Proxy:
             metrics=metrics,
             max_failovers=settings.max_failovers,
             spawn=self._spawn,
+            waiting=self._waiting,
+            first_byte_timeout=settings.first_byte_timeout,
         )
         self._connections = ConnectionRegistry()
         self._servers: list[asyncio.Server] = []
@@ -128,6 +135,11 @@ class Proxy:
     def in_flight(self) -> int:
         """Client requests received and not yet answered, proxied or local."""
         return self._connections.active
+
+    @property
+    def awaiting_first_byte(self) -> int:
+        """Proxied requests whose current attempt has no response byte yet."""
+        return sum(len(exchanges) for exchanges in self._waiting.values())
 
     def begin_drain(self) -> None:
         """Stop accepting; close idle client connections, the others after their response."""
@@ -175,8 +187,18 @@ class Proxy:
         self._servers.append(server)
 
     def _on_fleet_change(self, change: FleetChange) -> None:
+        if change.removed or change.left:
+            self._engines_left(change)
         if change.removed:
             self.upstreams.drop(change.removed)
+
+    def _engines_left(self, change: FleetChange) -> None:
+        """Requests waiting for a first byte from an engine that left fail over now."""
+        for removed, engine_ids in ((True, change.removed), (False, change.left)):
+            for engine_id in engine_ids:
+                waiting = (self._waiting.pop if removed else self._waiting.get)(engine_id, None)
+                for exchange in list(waiting or ()):
+                    exchange.engine_left(removed)
 
     def _spawn(self, awaitable: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(awaitable)
