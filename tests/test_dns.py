@@ -22,7 +22,7 @@ import pytest
 from headcount._http.errors import LocalResourceExhausted, LookupFailed
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount._http.resolve import Resolver
-from headcount.config import ProbeSettings, ProxySettings
+from headcount.config import OutlierSettings, ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
 from headcount.probe import Prober
@@ -144,7 +144,7 @@ class Router:
 async def router(table: Table, urls: Sequence[str]) -> AsyncIterator[Router]:
     """A proxy and a prober sharing one resolver over `table`, for engines at `urls`."""
     resolver = Resolver(0.5, table)
-    fleet = Fleet(unhealthy_after=PROBES.unhealthy_after)
+    fleet = Fleet(unhealthy_after=PROBES.unhealthy_after, outliers=OutlierSettings())
     fleet.reconcile("static", [EngineSpec(id=u, name=u, url=u, source="static") for u in urls])
     proxy = Proxy(
         fleet,
@@ -220,8 +220,8 @@ async def test_a_name_that_stops_resolving_fails_over_and_blames_no_engine() -> 
             state, error, _ = setup.engine(gone)
             assert state is EngineState.READY and (error or "").startswith("dns: gone.test")
             engine = setup.fleet.snapshot.by_id[gone]
-            assert engine.load.failures == 0
-            assert engine.probe_failures == 0 and setup.left == []
+            assert (engine.load.failures, engine.load.consecutive_errors) == (0, 0)
+            assert setup.left == [] and setup.fleet.snapshot.ejected == frozenset()
 
 
 async def test_a_probe_the_router_cannot_make_for_want_of_fds_changes_no_state() -> None:

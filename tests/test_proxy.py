@@ -26,7 +26,7 @@ import pytest
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount._http.resolve import Resolver
 from headcount._http.upstream import Dial
-from headcount.config import ProbeSettings, ProxySettings
+from headcount.config import OutlierSettings, ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
 from headcount.proxy import Proxy, start_server
@@ -109,12 +109,15 @@ async def routed(
     extra_urls: Sequence[str] = (),
     settings: ProxySettings = SETTINGS,
     policy: Policy | None = None,
+    outliers: OutlierSettings | None = None,
     resolver: Resolver | None = None,
     dial: Dial | None = None,
 ) -> AsyncIterator[Routed]:
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(running_engine(c)) for c in configs]
-        fleet = Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
+        fleet = Fleet(
+            unhealthy_after=ProbeSettings().unhealthy_after, outliers=outliers or OutlierSettings()
+        )
         ids = add_engines(fleet, [engine.url for engine in engines] + list(extra_urls))
         metrics = Metrics(lambda: fleet.snapshot)
         proxy = Proxy(
@@ -867,6 +870,9 @@ def leave_rotation(setup: Routed, engine_id: str, how: str) -> None:
     elif how == "probes fail":
         for _ in range(ProbeSettings().unhealthy_after):
             fleet.apply_probe(engine_id, ProbeResult(ok=False, error="HTTP 500"))
+    elif how == "outlier":
+        for _ in range(OutlierSettings().consecutive_errors):
+            fleet.record_error(engine_id, "gateway_error")
     elif how == "removed":
         fleet.reconcile("static", [e.spec for e in fleet.snapshot.engines if e.id != engine_id])
     else:
@@ -880,7 +886,7 @@ async def waiting_on(setup: Routed, silent: Silent, requests: int = 1) -> None:
     )
 
 
-@pytest.mark.parametrize("how", ["ejected", "probes fail", "removed"])
+@pytest.mark.parametrize("how", ["ejected", "probes fail", "outlier", "removed"])
 async def test_a_request_waiting_on_an_engine_that_leaves_rotation_fails_over_at_once(
     how: str,
 ) -> None:
@@ -926,6 +932,20 @@ async def test_with_no_engine_to_fail_over_to_the_answer_comes_at_once(
             await wait_until(setup.all_released)
 
 
+async def test_an_ejected_engine_still_routed_to_in_a_panic_is_still_waited_for() -> None:
+    silent = Silent(answer=b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+    async with raw_engine(silent) as engine:
+        async with routed(extra_urls=[engine.url], settings=PATIENT) as setup:
+            request = asyncio.ensure_future(setup.post(CHAT, chat()))
+            await waiting_on(setup, silent)
+            leave_rotation(setup, engine.url, "outlier")  # 1 of 1 ejected: panic, route to all
+            assert setup.fleet.snapshot.panicking == {MODEL}
+            assert setup.proxy.awaiting_first_byte == 1, "not abandoned: it is the only one"
+            silent.release.set()
+            assert (await request)[0] == 200
+            await wait_until(setup.all_released)
+
+
 async def test_no_first_byte_within_first_byte_timeout_fails_over_then_504() -> None:
     settings = ProxySettings(connect_timeout=1.0, read_timeout=60.0, first_byte_timeout=0.2)
     silent = Silent()
@@ -937,6 +957,7 @@ async def test_no_first_byte_within_first_byte_timeout_fails_over_then_504() -> 
             assert (status, headers["x-engine-name"]) == (200, "alive")
             assert setup.sample("headcount_upstream_failovers_total", reason="first_byte_timeout")
             assert setup.loads()[1][2] == 1, "a silent engine is counted as failing"
+            assert setup.fleet.snapshot.by_id[engine.url].load.consecutive_errors == 1
             await wait_until(setup.all_released)
         async with routed(extra_urls=[engine.url], settings=settings) as setup:
             status, body, _ = await setup.post(CHAT, chat())
@@ -956,6 +977,68 @@ async def test_first_byte_timeout_never_cuts_an_answer_that_has_begun() -> None:
             assert (await response.read()).endswith(b"data: [DONE]\n\n")
         assert setup.sample("headcount_upstream_failovers_total", reason="first_byte_timeout") == 0
         await wait_until(setup.all_released)
+
+
+# -- outlier detection through the proxy ----------------------------------------------------
+
+
+async def test_an_engine_answering_every_request_with_500_leaves_rotation() -> None:
+    threshold = OutlierSettings().consecutive_errors
+    async with routed(sim("broken", fail_mode="http-500"), sim("good")) as setup:
+        statuses = [(await setup.post(CHAT, chat()))[0] for _ in range(4 * threshold)]
+        assert statuses.count(500) == threshold, statuses
+        assert statuses[-2 * threshold :] == [200] * (2 * threshold)
+        broken = setup.fleet.snapshot.by_id[setup.engine_ids[0]]
+        assert broken.id in setup.fleet.snapshot.ejected and broken.state is EngineState.READY
+        assert setup.sample("headcount_outlier_ejections_total", reason="http_5xx") == 1
+        assert setup.sample("headcount_outlier_ejections_total", reason="gateway_error") == 0
+        await wait_until(setup.all_released)
+
+
+async def test_protocol_violations_count_as_gateway_errors() -> None:
+    outliers = OutlierSettings(consecutive_errors=2)
+    script = sends_one_write(b"HTTP/1.1 600 X\r\ncontent-length: 2\r\n\r\nno")
+    async with raw_engine(script) as engine:
+        async with routed(sim("good"), extra_urls=[engine.url], outliers=outliers) as setup:
+            statuses = [(await setup.post(CHAT, chat()))[0] for _ in range(8)]
+            assert statuses.count(502) == 2, statuses
+            assert setup.sample("headcount_outlier_ejections_total", reason="gateway_error") == 1
+            assert engine.url in setup.fleet.snapshot.ejected
+
+
+async def test_streams_that_break_midway_count_against_the_engine() -> None:
+    outliers = OutlierSettings(consecutive_errors=2)
+    configs = (sim("breaking", fail_mode="die-mid-stream"), sim("good"))
+    prefer = Prefer("")
+    async with routed(*configs, outliers=outliers, policy=prefer) as setup:
+        breaking = prefer.engine_id = setup.engine_ids[0]
+        for _ in range(2):
+            async with setup.session.post(setup.url + CHAT, json=chat(stream=True)) as response:
+                assert (response.status, response.headers["x-engine-name"]) == (200, "breaking")
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await response.read()
+        assert setup.fleet.snapshot.ejected == {breaking}
+        assert setup.sample("headcount_outlier_ejections_total", reason="gateway_error") == 1
+        status, _, headers = await setup.post(CHAT, chat())
+        assert (status, headers["x-engine-name"]) == (200, "good")
+        await wait_until(setup.all_released)
+
+
+async def test_any_answer_but_a_5xx_resets_the_count() -> None:
+    threshold = OutlierSettings().consecutive_errors
+    pattern = [500] * (threshold - 1) + [404]
+
+    async def script(conn: EngineConnection) -> None:
+        while await conn.read_request() is not None:
+            status = pattern[script.answered % len(pattern)]  # type: ignore[attr-defined]
+            script.answered += 1  # type: ignore[attr-defined]
+            await conn.send(b"HTTP/1.1 %d X\r\ncontent-length: 2\r\n\r\n{}" % status)
+
+    script.answered = 0  # type: ignore[attr-defined]
+    async with raw_engine(script) as engine, routed(extra_urls=[engine.url]) as setup:
+        statuses = [(await setup.post(CHAT, chat()))[0] for _ in range(3 * len(pattern))]
+        assert statuses == pattern * 3
+        assert setup.fleet.snapshot.ejected == frozenset()
 
 
 # -- the router's own failures are no engine's ----------------------------------------------
@@ -981,11 +1064,12 @@ async def test_running_out_of_its_own_resources_is_a_503_and_no_engine_is_blamed
     error_number: int, resource: str
 ) -> None:
     async with routed(sim("a"), sim("b"), dial=failing_dial(error_number)) as setup:
-        for _ in range(10):
+        for _ in range(2 * OutlierSettings().consecutive_errors):
             status, body, _ = await setup.post(CHAT, chat())
             assert status == 503
             assert_openai_error(body, "overloaded")
         assert all(engine.routable for engine in setup.fleet.snapshot.engines)
+        assert setup.fleet.snapshot.ejected == frozenset()
         assert [failures for _, _, failures in setup.loads()] == [0, 0]
         assert setup.sample("headcount_local_resource_errors_total", resource=resource) == 10
         assert setup.sample("headcount_upstream_failovers_total", reason="connect_failed") == 0

@@ -19,7 +19,7 @@ from typing import Any
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount.config import HealthSettings
 from headcount.discovery.source import SourceStatus
-from headcount.fleet import Engine, Fleet
+from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.health import Check, HealthReport, evaluate, render_checks
 from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.metrics import Metrics
@@ -93,9 +93,9 @@ class AdminApp:
         if path == "/v1/models":
             return self._models()
         if path == "/engines":
-            return LocalResponse.json(
-                200, {"engines": [_engine_json(e) for e in self._fleet.snapshot.engines]}
-            )
+            snapshot, now = self._fleet.snapshot, self._fleet.now()
+            engines = [_engine_json(engine, snapshot, now) for engine in snapshot.engines]
+            return LocalResponse.json(200, {"engines": engines})
         if path == "/metrics":
             return LocalResponse(200, await self._metrics.render(), METRICS_CONTENT_TYPE)
         if path == "/health":
@@ -141,8 +141,10 @@ def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> Local
     return LocalResponse(status, text.encode(), _TEXT)
 
 
-def _engine_json(engine: Engine) -> dict[str, Any]:
+def _engine_json(engine: Engine, snapshot: Snapshot, now: float) -> dict[str, Any]:
     spec = engine.spec
+    ejection = engine.ejection
+    ejected = engine.id in snapshot.ejected
     return {
         "id": spec.id,
         "name": spec.name,
@@ -162,4 +164,11 @@ def _engine_json(engine: Engine) -> dict[str, Any]:
         "model_label": spec.model_label,
         "sleeping": spec.sleeping,
         "last_error": engine.last_error,
+        "outlier": {
+            "ejected": ejected,
+            "ejected_for_seconds": round(max(0.0, ejection.until - now), 3) if ejected else None,
+            "ejections": ejection.count,
+            "last_ejection_reason": ejection.reason,
+            "consecutive_errors": engine.load.consecutive_errors,
+        },
     }

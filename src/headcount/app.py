@@ -198,7 +198,7 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after)
+    fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after, outliers=settings.outlier)
     router = Router(settings, fleet, await build_sources(settings, fleet))
     loop.add_signal_handler(signal.SIGHUP, router.auth.reload_soon)
     await router.run(stop, hurry)

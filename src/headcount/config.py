@@ -28,6 +28,7 @@ __all__ = [
     "DnsSettings",
     "HealthSettings",
     "LogFormat",
+    "OutlierSettings",
     "ProbeSettings",
     "ProxySettings",
     "ServerSettings",
@@ -173,6 +174,31 @@ class DiscoverySettings:
 
 
 @dataclass(frozen=True)
+class OutlierSettings:
+    """Passive outlier detection (`headcount.outliers`): engines that fail requests while
+    their probes pass leave rotation for a while."""
+
+    consecutive_errors: int = 5
+    """5xx answers or gateway errors in a row that eject an engine (Envoy's default); 0 is off."""
+    base_ejection: float = 30.0
+    """An ejection lasts this times the engine's ejection count (Envoy's default)."""
+    max_ejection: float = 300.0
+    """The longest ejection: an engine that was broken for an hour is retried every 5 min."""
+    max_ejected_percent: float = 50.0
+    """Panic threshold: with more than this share of a model's engines ejected, the model is
+    routed to all of them, as if none were: a partial failure must not become a total one."""
+
+    def __post_init__(self) -> None:
+        if self.consecutive_errors < 0:
+            raise ConfigError("--outlier-consecutive-errors must be 0 (off) or more")
+        _require_positive(("--outlier-base-ejection", self.base_ejection))
+        if self.max_ejection < self.base_ejection:
+            raise ConfigError("--outlier-max-ejection must not be under --outlier-base-ejection")
+        if not 0 <= self.max_ejected_percent <= 100:
+            raise ConfigError("--outlier-max-ejected-percent must be within 0-100")
+
+
+@dataclass(frozen=True)
 class DnsSettings:
     """How engine host names are looked up, by the proxy and the probes alike (never cached:
     `headcount._http.resolve`)."""
@@ -234,6 +260,7 @@ class Settings:
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
+    outlier: OutlierSettings = field(default_factory=OutlierSettings)
     dns: DnsSettings = field(default_factory=DnsSettings)
 
     def __post_init__(self) -> None:
@@ -319,7 +346,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every `headcount serve` flag (DESIGN.md §3 is the contract)."""
     server_d, proxy_d, probe_d = ServerSettings(), ProxySettings(), ProbeSettings()
     discovery_d, health_d = DiscoverySettings(), HealthSettings()
-    dns_d = DnsSettings()
+    outlier_d, dns_d = OutlierSettings(), DnsSettings()
     server = parser.add_argument_group("server")
     server.add_argument("--host", default=server_d.host)
     server.add_argument("--port", type=_parse_port, default=server_d.port)
@@ -364,6 +391,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--first-byte-timeout", type=parse_duration, default=proxy_d.first_byte_timeout
     )
     proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
+
+    outlier = parser.add_argument_group("outlier detection")
+    outlier.add_argument(
+        "--outlier-consecutive-errors", type=int, default=outlier_d.consecutive_errors
+    )
+    for flag, default in (
+        ("--outlier-base-ejection", outlier_d.base_ejection),
+        ("--outlier-max-ejection", outlier_d.max_ejection),
+    ):
+        outlier.add_argument(flag, type=parse_duration, default=default)
+    outlier.add_argument(
+        "--outlier-max-ejected-percent", type=float, default=outlier_d.max_ejected_percent
+    )
 
     probe = parser.add_argument_group("engine probes")
     probe.add_argument("--probe-interval", type=parse_duration, default=probe_d.interval)
@@ -443,6 +483,12 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
         ),
         auth=AuthSettings(
             api_keys_file=ns.api_keys_file, engine_api_key_file=ns.engine_api_key_file
+        ),
+        outlier=OutlierSettings(
+            consecutive_errors=ns.outlier_consecutive_errors,
+            base_ejection=ns.outlier_base_ejection,
+            max_ejection=ns.outlier_max_ejection,
+            max_ejected_percent=ns.outlier_max_ejected_percent,
         ),
         dns=DnsSettings(timeout=ns.dns_timeout),
     )

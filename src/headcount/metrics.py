@@ -1,11 +1,12 @@
 """Prometheus metrics: hot-path counters kept cheap, fleet state read at scrape time.
 
 Per-request series (`headcount_requests_total`, the latency histograms,
-failovers, the router's own resource errors) live in a registry and are
-updated through cached label children; those with a fixed label set start at
-zero. Everything that describes the fleet or discovery (`headcount_engines`,
-`headcount_engine_in_flight`, `headcount_discovery_*`) is computed from a
-snapshot when scraped, so an engine's series disappear with the engine. The
+failovers, outlier ejections, the router's own resource errors) live in a
+registry and are updated through cached label children; those with a fixed
+label set start at zero. Everything that describes the fleet or discovery
+(`headcount_engines`, `headcount_engine_in_flight`,
+`headcount_outlier_ejected_engines`, `headcount_discovery_*`) is computed from
+a snapshot when scraped, so an engine's series disappear with the engine. The
 text is rendered in a worker thread so a scrape never stalls the event loop.
 """
 
@@ -22,6 +23,7 @@ from prometheus_client.metrics_core import Metric
 
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
+from headcount.outliers import REASONS as OUTLIER_REASONS
 
 __all__ = ["CONTENT_TYPE", "LOCAL_RESOURCES", "UNKNOWN_MODEL", "Metrics"]
 
@@ -75,6 +77,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self._outlier_ejections = Counter(
+            "headcount_outlier_ejections",
+            "Engines ejected for consecutive 5xx answers or gateway errors, by the kind of the "
+            "error that tipped the count.",
+            ["reason"],
+            registry=self.registry,
+        )
         self._local_resource_errors = Counter(
             "headcount_local_resource_errors",
             "Operations that failed for want of the router's own resources (fds, memory, "
@@ -82,6 +91,8 @@ class Metrics:
             ["resource"],
             registry=self.registry,
         )
+        for reason in OUTLIER_REASONS:
+            self._outlier_ejections.labels(reason)
         for resource in LOCAL_RESOURCES:
             self._local_resource_errors.labels(resource)
         self._children: dict[tuple[str, int], tuple[Counter, Histogram, Histogram]] = {}
@@ -110,6 +121,9 @@ class Metrics:
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()
+
+    def outlier_ejected(self, reason: str) -> None:
+        self._outlier_ejections.labels(reason).inc()
 
     def local_resource_error(self, resource: str) -> None:
         """The router ran out of `resource` (one of `LOCAL_RESOURCES`)."""
@@ -154,6 +168,11 @@ class _FleetCollector:
         for engine in self._snapshot.engines:
             in_flight.add_metric([engine.spec.name], engine.load.in_flight)
         yield in_flight
+        yield GaugeMetricFamily(
+            "headcount_outlier_ejected_engines",
+            "Engines out of rotation now for an outlier ejection (routed anyway in a panic).",
+            value=len(self._snapshot.ejected),
+        )
 
 
 @dataclass(frozen=True, slots=True)

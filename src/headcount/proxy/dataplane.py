@@ -194,11 +194,12 @@ class Proxy:
 
     def _engines_left(self, change: FleetChange) -> None:
         """Requests waiting for a first byte from an engine that left fail over now."""
+        snapshot = self.fleet.snapshot
         for removed, engine_ids in ((True, change.removed), (False, change.left)):
             for engine_id in engine_ids:
                 waiting = (self._waiting.pop if removed else self._waiting.get)(engine_id, None)
                 for exchange in list(waiting or ()):
-                    exchange.engine_left(removed)
+                    exchange.engine_left(snapshot, removed)
 
     def _spawn(self, awaitable: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(awaitable)

@@ -99,7 +99,8 @@ def unroutable(snapshot: Snapshot, model: str) -> tuple[ErrorAnswer, str]:
     ]
     states: dict[str, int] = {}
     for engine in serving:
-        states[engine.state.value] = states.get(engine.state.value, 0) + 1
+        state = "ejected" if engine.id in snapshot.ejected else engine.state.value
+        states[state] = states.get(state, 0) + 1
     summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
     message = f"no routable engine serves model `{model}` right now (engines: {summary})"
     return no_engine(message), model

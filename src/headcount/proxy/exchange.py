@@ -16,6 +16,9 @@ Every attempt holds `engine.load.in_flight` from routing to its end, released
 at a single point (`Exchange._release`), and sits in its engine's entry of
 `ExchangeContext.waiting` until its first response byte, so the proxy finds
 the exchanges an engine's departure concerns without scanning the others.
+Each answer feeds outlier detection: a 5xx or a gateway error (a broken
+stream included) counts against the engine (`Fleet.record_error`), any other
+answer, once whole, resets its count.
 
 An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
 """
@@ -41,8 +44,9 @@ from headcount._http.errors import (
 from headcount._http.handler import Responder
 from headcount._http.upstream import ResponseHead, UpstreamConnection, UpstreamPool, Upstreams
 from headcount._http.wire import JSON_HEADER
-from headcount.fleet import Engine, Fleet
+from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.metrics import Metrics
+from headcount.outliers import GATEWAY_ERROR, HTTP_5XX
 from headcount.proxy.errors import (
     INTERNAL_ERROR,
     ErrorAnswer,
@@ -236,13 +240,29 @@ class Exchange:
             self._timer = None
             timer.cancel()
 
+    def _answered(self, engine: Engine, status: int) -> None:
+        """The first response byte: no more waiting; a 5xx counts against the engine (any
+        other answer resets the count once it is whole: a stream may still break)."""
+        self._unwait()
+        if status >= 500:
+            self._count_error(engine, HTTP_5XX)
+
+    def _count_error(self, engine: Engine, reason: str) -> None:
+        if self._context.fleet.record_error(engine.id, reason):
+            self._context.metrics.outlier_ejected(reason)
+
     # -- giving up on a silent engine ---------------------------------------------------------
 
-    def engine_left(self, removed: bool) -> None:
+    def engine_left(self, snapshot: Snapshot, removed: bool) -> None:
         """The engine this attempt waits on left rotation (or the fleet, when `removed`):
-        fail over now, unless its answer has begun to arrive."""
+        fail over now, unless it is still a candidate for the model (panic routing) or its
+        answer has begun to arrive."""
         engine = self._engine
         if self._done or engine is None or self._waiting_in is None:
+            return
+        if not removed and any(
+            candidate.id == engine.id for candidate in snapshot.candidates(self._features.model)
+        ):
             return
         what = "left the fleet" if removed else "left rotation"
         reason = "engine_removed" if removed else "engine_left_rotation"
@@ -290,15 +310,20 @@ class Exchange:
                     head.status, head.reason, block, head.content_length, body, complete
                 )
             if complete:
+                engine = self._engine
+                if engine is not None and self._status < 500:
+                    engine.load.consecutive_errors = 0  # a whole answer: the engine works
                 self._release(failed=False)
                 self._end(self._status)
         except Exception:
             self._crash()
 
     def _failed_over(self, head: ResponseHead, complete: bool) -> bool:
-        """The head is here: the attempt waits no more. An engine answering 502/503 did no
-        work: True when another engine takes the request."""
-        self._unwait()
+        """The head is here: the attempt waits no more, and its status feeds outlier detection.
+        An engine answering 502/503 did no work: True when another engine takes the request."""
+        engine = self._engine
+        if engine is not None:
+            self._answered(engine, head.status)
         if head.status not in _FAILOVER_STATUSES:
             return False
         engine = self._next_engine()
@@ -329,6 +354,7 @@ class Exchange:
         context = self._context
         if self._head_sent:
             self._release(failed=True)
+            self._count_error(engine, GATEWAY_ERROR)
             self._responder.abort()
             self._end(502)  # the client saw a status already; the metric records the failure
             return
@@ -345,8 +371,10 @@ class Exchange:
             return
         blamed = not isinstance(error, _BLAMELESS)
         self._release(failed=blamed)
-        if isinstance(error, ConnectFailed):
-            context.fleet.eject(engine.id, f"connect failed: {error}")
+        if blamed:
+            if isinstance(error, ConnectFailed):
+                context.fleet.eject(engine.id, f"connect failed: {error}")
+            self._count_error(engine, GATEWAY_ERROR)
         if isinstance(error, _FAILOVER_ERRORS):
             retry = self._next_engine()
             if retry is not None:
