@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from headcount._http.local import LocalRequest, LocalResponse
+from headcount._http.pool import Dial
 from headcount._http.resolve import Resolver
-from headcount._http.upstream import Dial
 from headcount.config import OutlierSettings, ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics

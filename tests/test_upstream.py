@@ -11,8 +11,10 @@ test_proxy.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
+from typing import Any
 
 import pytest
 
@@ -25,8 +27,9 @@ from headcount._http.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from headcount._http.pool import PoolOptions, UpstreamPool, Upstreams
 from headcount._http.resolve import Resolver
-from headcount._http.upstream import ResponseHead, UpstreamPool, Upstreams
+from headcount._http.upstream import ResponseHead
 from headcount.config import DnsSettings
 from headcount.sim.loopback import free_port
 from tests.support import EngineConnection, Script, blackholed_listener, raw_engine, wait_until
@@ -88,24 +91,18 @@ class Recorder:
         return self
 
 
-def make_pool(url: str, **overrides: float) -> UpstreamPool:
-    options = {
-        "connect_timeout": 1.0,
-        "read_timeout": 5.0,
-        "idle_timeout": 5.0,
-        "max_idle": 8,
-        "max_head_size": 4096,
-    }
-    options.update(overrides)
-    return UpstreamPool(
-        url,
-        connect_timeout=options["connect_timeout"],
-        read_timeout=options["read_timeout"],
-        idle_timeout=options["idle_timeout"],
-        max_idle=int(options["max_idle"]),
-        max_head_size=int(options["max_head_size"]),
-        resolver=RESOLVER,
-    )
+OPTIONS = PoolOptions(
+    connect_timeout=1.0,
+    read_timeout=5.0,
+    idle_timeout=5.0,
+    max_idle=8,
+    max_head_size=4096,
+    resolver=RESOLVER,
+)
+
+
+def make_pool(url: str, **overrides: Any) -> UpstreamPool:
+    return UpstreamPool(url, dataclasses.replace(OPTIONS, **overrides))
 
 
 async def exchange(pool: UpstreamPool, request: bytes = REQUEST) -> Recorder:
@@ -316,14 +313,7 @@ async def test_pool_bounds_idle_connections() -> None:
 
 
 def small_upstreams() -> Upstreams:
-    return Upstreams(
-        connect_timeout=1.0,
-        read_timeout=5.0,
-        idle_timeout=5.0,
-        max_idle=8,
-        max_head_size=4096,
-        resolver=RESOLVER,
-    )
+    return Upstreams(OPTIONS)
 
 
 async def test_closing_a_pool_closes_its_idle_connections() -> None:

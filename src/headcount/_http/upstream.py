@@ -1,19 +1,11 @@
-"""Keep-alive connections to engines: a pool per engine, one callback per upstream read.
+"""One keep-alive connection to an engine: a request out, exactly one response back.
 
-    pool = upstreams.pool(engine.id, engine.url)   # host and port parsed once per engine
-    connection = pool.take()                       # an idle connection, or None: no Task
-    if connection is None:
-        connection = await pool.connect()          # only new connections need a coroutine
-    connection.send(request_bytes, listener)
-
-The connection then calls `listener.on_response(head, body, complete)` once per
+The connection calls `listener.on_response(head, body, complete)` once per
 upstream read that carried anything (so the proxy writes once per read), and
 `listener.on_upstream_error(error)` at most once, with an `errors.UpstreamError`.
 When a response completes and both sides allow keep-alive, the connection goes
-back to its pool before the listener hears `complete`. Responses may be framed
-by content-length, chunked, or the end of the connection. Idle connections leave
-the pool when the engine closes them, after `idle_timeout`, or when the pool
-closes (its engine left the fleet).
+back to its pool (`pool.py`) before the listener hears `complete`. Responses
+may be framed by content-length, chunked, or the end of the connection.
 
 One request, exactly one relayed response. Interim 1xx responses are dropped
 (RFC 9110 §15.2: no body; a 101 was never asked for and ends the exchange);
@@ -21,12 +13,6 @@ no body byte is relayed before the final head; a status outside 100-599, a
 head over `max_head_size`, or any byte after the complete response is a
 `ProtocolViolation`. A connection goes back to its pool only after a clean,
 complete exchange whose request was fully written.
-
-Connecting: the host name is looked up for every new connection through the
-shared `Resolver` (never cached; a literal IP is used as is), then each address
-is tried in order within `connect_timeout`. A failed lookup is `LookupFailed`
-and the router's own exhaustion (EMFILE, ENFILE, ENOMEM, ENOBUFS) is
-`LocalResourceExhausted`: neither is `ConnectFailed`, which blames the engine.
 
 Timers: one handle per connection for its whole life. It fires at least every
 `min(read_timeout, idle_timeout)` and compares the time against a deadline that
@@ -37,35 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
-from typing import Protocol, cast
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
 from headcount._http.errors import (
-    ConnectFailed,
-    ConnectTimeout,
-    LocalResourceExhausted,
     NoResponse,
     ProtocolViolation,
     StaleConnection,
     StreamBroken,
     UpstreamError,
     UpstreamTimeout,
-    local_resource,
 )
-from headcount._http.resolve import Resolver, literal_address
 
-__all__ = [
-    "Dial",
-    "ResponseHead",
-    "ResponseListener",
-    "UpstreamConnection",
-    "UpstreamPool",
-    "Upstreams",
-]
+if TYPE_CHECKING:
+    from headcount._http.pool import UpstreamPool
+
+__all__ = ["ResponseHead", "ResponseListener", "UpstreamConnection"]
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 _KEEPALIVE_TUNING = tuple(
@@ -75,20 +50,6 @@ _KEEPALIVE_TUNING = tuple(
 )
 """Probe a silent engine after 30 s, give up after 3 more tries 10 s apart: a dead host
 (no FIN, no RST) is found in about a minute instead of Linux's default two hours."""
-
-
-Dial = Callable[
-    [Callable[[], "UpstreamConnection"], str, int],
-    Awaitable[tuple[asyncio.BaseTransport, "UpstreamConnection"]],
-]
-"""Opens a TCP connection to (address, port) with a protocol factory: `loop.create_connection`
-in production; tests inject failures (EMFILE) here."""
-
-
-async def _create_connection(
-    factory: Callable[[], UpstreamConnection], address: str, port: int
-) -> tuple[asyncio.BaseTransport, UpstreamConnection]:
-    return await asyncio.get_running_loop().create_connection(factory, address, port)
 
 
 class ResponseHead:
@@ -403,173 +364,3 @@ class UpstreamConnection(asyncio.Protocol):
                 self._fail(UpstreamTimeout(f"no response byte for {self._pool.read_timeout:g}s"))
             return
         self._timer = self._loop.call_at(min(self._deadline, now + self._pool.tick), self._on_timer)
-
-
-class UpstreamPool:
-    """Keep-alive connections to one engine; the most recently used is reused first."""
-
-    __slots__ = (
-        "_addresses",
-        "_closed",
-        "_dial",
-        "_idle",
-        "_resolver",
-        "connect_timeout",
-        "host",
-        "host_header",
-        "idle_timeout",
-        "max_head_size",
-        "max_idle",
-        "port",
-        "read_timeout",
-        "tick",
-        "url",
-    )
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        idle_timeout: float,
-        max_idle: int,
-        max_head_size: int,
-        resolver: Resolver,
-        dial: Dial | None = None,
-    ) -> None:
-        parts = urlsplit(url)
-        self.url = url
-        self.host = parts.hostname or "localhost"
-        self.port = parts.port or 80
-        self.host_header = b"host: %s\r\n" % parts.netloc.encode("idna")
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.idle_timeout = idle_timeout
-        self.tick = min(read_timeout, idle_timeout)
-        self.max_idle = max_idle
-        self.max_head_size = max_head_size
-        self._resolver = resolver
-        self._dial = dial or _create_connection
-        literal = literal_address(self.host)
-        self._addresses = None if literal is None else (literal,)
-        self._idle: dict[UpstreamConnection, None] = {}
-        self._closed = False
-
-    @property
-    def idle(self) -> int:
-        return len(self._idle)
-
-    def take(self) -> UpstreamConnection | None:
-        """An idle connection, or None if there is none."""
-        idle = self._idle
-        while idle:
-            connection, _ = idle.popitem()
-            if not connection.closed:
-                return connection
-        return None
-
-    async def connect(self) -> UpstreamConnection:
-        """A new connection to the address the host name has now, each tried in turn.
-
-        `ConnectFailed`/`ConnectTimeout` (within `connect_timeout`, after the lookup),
-        `LookupFailed` (the resolver's), or `LocalResourceExhausted`.
-        """
-        loop = asyncio.get_running_loop()
-        addresses = self._addresses or await self._resolver.resolve(self.host, self.port)
-        failure: OSError | None = None
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                for address in addresses:
-                    try:
-                        _, connection = await self._dial(
-                            lambda: UpstreamConnection(self, loop), address, self.port
-                        )
-                    except OSError as exc:
-                        resource = local_resource(exc)
-                        if resource is not None:
-                            raise LocalResourceExhausted(
-                                f"connecting to {self.host}: {exc.strerror or exc}", resource
-                            ) from None
-                        failure = exc
-                        continue
-                    return connection
-        except TimeoutError:
-            raise ConnectTimeout(f"not accepted within {self.connect_timeout:g}s") from None
-        if failure is None:  # unreachable: the resolver answers LookupFailed, not no address
-            raise ConnectFailed(f"no address to connect to for {self.host}")
-        raise ConnectFailed(failure.strerror or str(failure) or type(failure).__name__)
-
-    def release(self, connection: UpstreamConnection) -> None:
-        if self._closed or len(self._idle) >= self.max_idle:
-            connection.close()
-        else:
-            self._idle[connection] = None
-
-    def discard(self, connection: UpstreamConnection) -> None:
-        self._idle.pop(connection, None)
-
-    def close(self) -> None:
-        """Close idle connections now; busy ones close when their response ends."""
-        self._closed = True
-        idle = list(self._idle)
-        self._idle.clear()
-        for connection in idle:
-            connection.close()
-
-
-class Upstreams:
-    """One pool per engine id; the proxy drops the pools of engines that left the fleet."""
-
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        idle_timeout: float,
-        max_idle: int,
-        max_head_size: int,
-        resolver: Resolver,
-        dial: Dial | None = None,
-    ) -> None:
-        """`idle_timeout` closes an idle connection, `max_idle` bounds them per engine;
-        `max_head_size` bounds a response's status line and headers; `resolver` looks engine
-        host names up (shared with the probes), `dial` opens connections."""
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
-        self._idle_timeout = idle_timeout
-        self._max_idle = max_idle
-        self._max_head_size = max_head_size
-        self._resolver = resolver
-        self._dial = dial
-        self._pools: dict[str, UpstreamPool] = {}
-
-    def pool(self, engine_id: str, url: str) -> UpstreamPool:
-        pool = self._pools.get(engine_id)
-        if pool is None or pool.url != url:
-            if pool is not None:
-                pool.close()
-            pool = UpstreamPool(
-                url,
-                connect_timeout=self._connect_timeout,
-                read_timeout=self._read_timeout,
-                idle_timeout=self._idle_timeout,
-                max_idle=self._max_idle,
-                max_head_size=self._max_head_size,
-                resolver=self._resolver,
-                dial=self._dial,
-            )
-            self._pools[engine_id] = pool
-        return pool
-
-    def drop(self, engine_ids: Iterable[str]) -> None:
-        for engine_id in engine_ids:
-            pool = self._pools.pop(engine_id, None)
-            if pool is not None:
-                pool.close()
-
-    def close(self) -> None:
-        self.drop(list(self._pools))
-
-    def __len__(self) -> int:
-        return len(self._pools)

@@ -46,9 +46,9 @@ from collections.abc import Awaitable
 from headcount._http.connections import ConnectionRegistry
 from headcount._http.handler import Request, Responder
 from headcount._http.local import LocalHandler, serve_local
+from headcount._http.pool import Dial, PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
 from headcount._http.server import HttpServerProtocol, ServerLimits
-from headcount._http.upstream import Dial, Upstreams
 from headcount._http.wire import JSON_HEADER
 from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
@@ -102,13 +102,15 @@ class Proxy:
             max_pipeline=settings.max_pipeline,
         )
         self.upstreams = Upstreams(
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-            idle_timeout=settings.pool_idle_timeout,
-            max_idle=settings.pool_max_idle,
-            max_head_size=settings.max_header_size,
-            resolver=resolver or Resolver(DnsSettings().timeout),
-            dial=dial,
+            PoolOptions(
+                connect_timeout=settings.connect_timeout,
+                read_timeout=settings.read_timeout,
+                idle_timeout=settings.pool_idle_timeout,
+                max_idle=settings.pool_max_idle,
+                max_head_size=settings.max_header_size,
+                resolver=resolver or Resolver(DnsSettings().timeout),
+                dial=dial,
+            )
         )
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(

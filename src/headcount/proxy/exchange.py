@@ -42,7 +42,8 @@ from headcount._http.errors import (
     UpstreamTimeout,
 )
 from headcount._http.handler import Responder
-from headcount._http.upstream import ResponseHead, UpstreamConnection, UpstreamPool, Upstreams
+from headcount._http.pool import UpstreamPool, Upstreams
+from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.metrics import Metrics
