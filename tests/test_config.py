@@ -166,3 +166,14 @@ def test_every_default_is_valid_once_the_router_has_engines() -> None:
     assert settings.discovery.backends == ("http://127.0.0.1:1",)
     kubernetes = Settings(discovery=DiscoverySettings(mode=PODS))
     assert kubernetes.health.discovery_dead_after == HealthSettings().discovery_dead_after
+
+
+def test_probe_answer_limits_come_from_the_flags_and_are_checked() -> None:
+    settings = parse(
+        "--backends", "http://127.0.0.1:1", "--probe-max-bytes", "2MiB", "--probe-max-models", "50"
+    )
+    assert (settings.probe.max_bytes, settings.probe.max_models) == (2 * 1024 * 1024, 50)
+    with pytest.raises(ConfigError, match="--probe-max-bytes must be at least 1KiB"):
+        ProbeSettings(max_bytes=100)
+    with pytest.raises(ConfigError, match="--probe-max-models must be at least 1"):
+        ProbeSettings(max_models=0)

@@ -21,11 +21,14 @@ from urllib.parse import urlsplit
 from headcount.routing import RoutingName
 
 __all__ = [
+    "AuthSettings",
     "ConfigError",
     "DiscoveryMode",
     "DiscoverySettings",
+    "DnsSettings",
     "HealthSettings",
     "LogFormat",
+    "OutlierSettings",
     "ProbeSettings",
     "ProxySettings",
     "ServerSettings",
@@ -61,6 +64,16 @@ class ServerSettings:
     """Off by default; the standard grpc.health.v1 service for gRPC-probing platforms."""
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "INFO"
+    admin_port: int | None = None
+    """Off by default (everything on `port`, as before); set, `/engines`, `/metrics` and the
+    health endpoints move to this port, which the Service need not expose, and `port`
+    answers only the OpenAI API."""
+
+    def __post_init__(self) -> None:
+        if self.admin_port and self.admin_port in (self.port, self.grpc_health_port):
+            raise ConfigError(
+                f"--admin-port {self.admin_port} must differ from --port and --grpc-health-port"
+            )
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,9 @@ class ProxySettings:
     affinity_epsilon: float = 0.25
     """Session and prefix routing: an engine keeps its keys until its in-flight count exceeds
     (1 + epsilon) times the mean (consistent hashing with bounded load)."""
+    first_byte_timeout: float | None = None
+    """Off by default: a long prompt's prefill legitimately takes minutes before the first
+    byte. Set, an attempt with no response byte within it is failed over to another engine."""
 
     def __post_init__(self) -> None:
         if self.max_failovers < 0:
@@ -97,6 +113,8 @@ class ProxySettings:
         _require_positive(
             ("--connect-timeout", self.connect_timeout), ("--read-timeout", self.read_timeout)
         )
+        if self.first_byte_timeout is not None:
+            _require_positive(("--first-byte-timeout", self.first_byte_timeout))
 
 
 @dataclass(frozen=True)
@@ -186,6 +204,45 @@ class DiscoverySettings:
 
 
 @dataclass(frozen=True)
+class OutlierSettings:
+    """Passive outlier detection (`headcount.outliers`): engines that fail requests while
+    their probes pass leave rotation for a while."""
+
+    consecutive_errors: int = 5
+    """5xx answers or gateway errors in a row that eject an engine (Envoy's default); 0 is off."""
+    base_ejection: float = 30.0
+    """An ejection lasts this times the engine's ejection count (Envoy's default)."""
+    max_ejection: float = 300.0
+    """The longest ejection: an engine that was broken for an hour is retried every 5 min."""
+    max_ejected_percent: float = 50.0
+    """Panic threshold: with more than this share of a model's engines ejected, the model is
+    routed to all of them, as if none were: a partial failure must not become a total one."""
+
+    def __post_init__(self) -> None:
+        if self.consecutive_errors < 0:
+            raise ConfigError("--outlier-consecutive-errors must be 0 (off) or more")
+        _require_positive(("--outlier-base-ejection", self.base_ejection))
+        if self.max_ejection < self.base_ejection:
+            raise ConfigError("--outlier-max-ejection must not be under --outlier-base-ejection")
+        if not 0 <= self.max_ejected_percent <= 100:
+            raise ConfigError("--outlier-max-ejected-percent must be within 0-100")
+
+
+@dataclass(frozen=True)
+class DnsSettings:
+    """How engine host names are looked up, by the proxy and the probes alike (never cached:
+    `headcount._http.resolve`)."""
+
+    timeout: float = 0.5
+    """Cluster DNS answers in milliseconds; a lookup slower than this is a DNS failure (fail
+    over, never eject), not an engine's silence. It must stay under --probe-timeout so that a
+    probe stuck on DNS is reported as such, hence well under a second."""
+
+    def __post_init__(self) -> None:
+        _require_positive(("--dns-timeout", self.timeout))
+
+
+@dataclass(frozen=True)
 class HealthSettings:
     discovery_stale_after: float = 120.0
     """Older discovery makes /health degraded (and /readyz fail with ready_requires_fresh)."""
@@ -201,6 +258,29 @@ class HealthSettings:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    api_keys_file: Path | None = None
+    """Off by default: anyone who reaches the port may use it. Set, the OpenAI API (and
+    `/engines`, `/metrics` unless on `--admin-port`) needs `Authorization: Bearer <key>`
+    with a key from this file (one a line, clear or `sha256:<hex>`)."""
+    engine_api_key_file: Path | None = None
+    """Off by default; for engines started with vLLM's `--api-key`: sent to engines as
+    `Authorization: Bearer` on every probe and forwarded request, replacing the client's."""
+    key_file_check_interval: float = 5.0
+    """How often the key files' identity (inode, size, mtime) is checked; SIGHUP reloads
+    at once. A stat every few seconds costs nothing and rotation needs no signal."""
+
+    def __post_init__(self) -> None:
+        for flag, path in (
+            ("--api-keys-file", self.api_keys_file),
+            ("--engine-api-key-file", self.engine_api_key_file),
+        ):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{flag} {path}: no such file")
+        _require_positive(("key_file_check_interval", self.key_file_check_interval))
+
+
+@dataclass(frozen=True)
 class Settings:
     """The whole router: built from the flags, or in code with the same checks."""
 
@@ -209,11 +289,20 @@ class Settings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    outlier: OutlierSettings = field(default_factory=OutlierSettings)
+    dns: DnsSettings = field(default_factory=DnsSettings)
     supervision: SupervisionSettings = field(default_factory=SupervisionSettings)
 
     def __post_init__(self) -> None:
-        """The checks that span parts: a static router needs engines, and in Kubernetes modes
-        liveness must outlast the slowest discovery round."""
+        """The checks that span parts: a lookup ends before the probe that waits on it, a
+        static router needs engines, and in Kubernetes modes liveness must outlast the slowest
+        discovery round."""
+        if self.dns.timeout >= self.probe.timeout:
+            raise ConfigError(
+                f"--dns-timeout {self.dns.timeout:g}s must be under --probe-timeout "
+                f"{self.probe.timeout:g}s: a probe stuck on DNS would blame the engine"
+            )
         discovery, dead_after = self.discovery, self.health.discovery_dead_after
         if discovery.mode is DiscoveryMode.STATIC:
             if not discovery.backends:
@@ -288,6 +377,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every `headcount serve` flag (DESIGN.md §3 is the contract)."""
     server_d, proxy_d, probe_d = ServerSettings(), ProxySettings(), ProbeSettings()
     discovery_d, health_d = DiscoverySettings(), HealthSettings()
+    outlier_d, dns_d = OutlierSettings(), DnsSettings()
     server = parser.add_argument_group("server")
     server.add_argument("--host", default=server_d.host)
     server.add_argument("--port", type=_parse_port, default=server_d.port)
@@ -296,6 +386,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-format", choices=[f.value for f in LogFormat], default=server_d.log_format.value
     )
     server.add_argument("--log-level", default=server_d.log_level)
+    server.add_argument("--admin-port", type=_parse_port, default=server_d.admin_port)
 
     discovery = parser.add_argument_group("discovery")
     discovery.add_argument(
@@ -327,6 +418,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--read-timeout", type=parse_duration, default=proxy_d.read_timeout)
     proxy.add_argument("--max-failovers", type=int, default=proxy_d.max_failovers)
     proxy.add_argument("--max-body-size", type=_parse_size, default=proxy_d.max_body_size)
+    proxy.add_argument(
+        "--first-byte-timeout", type=parse_duration, default=proxy_d.first_byte_timeout
+    )
+    proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
+
+    outlier = parser.add_argument_group("outlier detection")
+    outlier.add_argument(
+        "--outlier-consecutive-errors", type=int, default=outlier_d.consecutive_errors
+    )
+    for flag, default in (
+        ("--outlier-base-ejection", outlier_d.base_ejection),
+        ("--outlier-max-ejection", outlier_d.max_ejection),
+    ):
+        outlier.add_argument(flag, type=parse_duration, default=default)
+    outlier.add_argument(
+        "--outlier-max-ejected-percent", type=float, default=outlier_d.max_ejected_percent
+    )
 
     probe = parser.add_argument_group("engine probes")
     probe.add_argument("--probe-interval", type=parse_duration, default=probe_d.interval)
@@ -350,6 +458,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     health.add_argument(
         "--ready-requires-fresh", action="store_true", default=health_d.ready_requires_fresh
     )
+
+    auth_d = AuthSettings()
+    auth = parser.add_argument_group("authentication")
+    auth.add_argument("--api-keys-file", type=Path, default=auth_d.api_keys_file)
+    auth.add_argument("--engine-api-key-file", type=Path, default=auth_d.engine_api_key_file)
 
 
 def settings_from_args(ns: argparse.Namespace) -> Settings:
@@ -377,6 +490,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             grpc_health_port=ns.grpc_health_port,
             log_format=LogFormat(ns.log_format),
             log_level=ns.log_level.upper(),
+            admin_port=ns.admin_port,
         ),
         proxy=ProxySettings(
             routing=RoutingName(ns.routing),
@@ -384,6 +498,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             read_timeout=ns.read_timeout,
             max_failovers=ns.max_failovers,
             max_body_size=ns.max_body_size,
+            first_byte_timeout=ns.first_byte_timeout,
         ),
         probe=ProbeSettings(
             interval=ns.probe_interval,
@@ -401,4 +516,14 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             drain_delay=ns.drain_delay,
             drain_timeout=ns.drain_timeout,
         ),
+        auth=AuthSettings(
+            api_keys_file=ns.api_keys_file, engine_api_key_file=ns.engine_api_key_file
+        ),
+        outlier=OutlierSettings(
+            consecutive_errors=ns.outlier_consecutive_errors,
+            base_ejection=ns.outlier_base_ejection,
+            max_ejection=ns.outlier_max_ejection,
+            max_ejected_percent=ns.outlier_max_ejected_percent,
+        ),
+        dns=DnsSettings(timeout=ns.dns_timeout),
     )

@@ -1,10 +1,12 @@
 """Prometheus metrics: hot-path counters kept cheap, fleet state read at scrape time.
 
 Per-request series (`headcount_requests_total`, the latency histograms,
-failovers) live in a registry and are updated through cached label children.
-Everything that describes the fleet or discovery (`headcount_engines`,
-`headcount_engine_in_flight`, `headcount_discovery_*`) is computed from a
-snapshot when scraped, so an engine's series disappear with the engine. The
+failovers, outlier ejections, the router's own resource errors) live in a
+registry and are updated through cached label children; those with a fixed
+label set start at zero. Everything that describes the fleet or discovery
+(`headcount_engines`, `headcount_engine_in_flight`,
+`headcount_outlier_ejected_engines`, `headcount_discovery_*`) is computed from
+a snapshot when scraped, so an engine's series disappear with the engine. The
 text is rendered in a worker thread so a scrape never stalls the event loop.
 """
 
@@ -21,13 +23,17 @@ from prometheus_client.metrics_core import Metric
 
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
+from headcount.outliers import REASONS as OUTLIER_REASONS
 
-__all__ = ["CONTENT_TYPE", "UNKNOWN_MODEL", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LOCAL_RESOURCES", "UNKNOWN_MODEL", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 UNKNOWN_MODEL = "unknown"
 """The `model` label of requests whose model is unknown: client input must not mint series."""
+
+LOCAL_RESOURCES = ("fds", "memory", "buffers")
+"""The `resource` label of `headcount_local_resource_errors_total`."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -71,6 +77,24 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self._outlier_ejections = Counter(
+            "headcount_outlier_ejections",
+            "Engines ejected for consecutive 5xx answers or gateway errors, by the kind of the "
+            "error that tipped the count.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._local_resource_errors = Counter(
+            "headcount_local_resource_errors",
+            "Operations that failed for want of the router's own resources (fds, memory, "
+            "buffers): never counted against an engine.",
+            ["resource"],
+            registry=self.registry,
+        )
+        for reason in OUTLIER_REASONS:
+            self._outlier_ejections.labels(reason)
+        for resource in LOCAL_RESOURCES:
+            self._local_resource_errors.labels(resource)
         self._task_restarts = Counter(
             "headcount_task_restarts",
             "Restarts of a long-lived task (the prober) after it crashed.",
@@ -103,6 +127,13 @@ class Metrics:
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()
+
+    def outlier_ejected(self, reason: str) -> None:
+        self._outlier_ejections.labels(reason).inc()
+
+    def local_resource_error(self, resource: str) -> None:
+        """The router ran out of `resource` (one of `LOCAL_RESOURCES`)."""
+        self._local_resource_errors.labels(resource).inc()
 
     def task_restarts(self, task: str) -> Callable[[], None]:
         """What to call when `task` is restarted; its series exists (at 0) from now on."""
@@ -147,6 +178,11 @@ class _FleetCollector:
         for engine in self._snapshot.engines:
             in_flight.add_metric([engine.spec.name], engine.load.in_flight)
         yield in_flight
+        yield GaugeMetricFamily(
+            "headcount_outlier_ejected_engines",
+            "Engines out of rotation now for an outlier ejection (routed anyway in a panic).",
+            value=len(self._snapshot.ejected),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,26 +15,34 @@ memory. Any exception while probing an engine is a failed probe with a
 reason, never a dead task; reasons are logged once per engine until they
 change (with the traceback when the exception is not one an engine or the
 network can cause).
+
+Engine host names are looked up as the proxy does (`probe_resolver.py`: never
+cached). A probe that fails for the router's own reasons, a failed lookup
+(`dns: ...`) or no free fd, is recorded as inconclusive: the engine's state is
+left as it was, so a short cluster-DNS outage cannot eject every engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import aiohttp
 
+from headcount._http.errors import LocalResourceExhausted, LookupFailed, local_resource
+from headcount._http.resolve import Resolver
 from headcount.clock import Sleep
-from headcount.config import ProbeSettings
+from headcount.config import DnsSettings, ProbeSettings
 from headcount.fleet import Engine, Fleet, FleetChange, ProbeResult
 from headcount.model_list import ModelListError, ModelListParser
+from headcount.probe_resolver import ProbeResolver
 from headcount.vllm_load import LoadParser
 
 __all__ = ["ProbeError", "Prober"]
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 _STEP = 4 * 1024
 """Bytes of an answer parsed between two turns of the event loop: well under a millisecond of
@@ -47,8 +55,17 @@ class ProbeError(Exception):
     """A probe's answer was unusable; the message says how."""
 
 
-_EXPECTED = (ProbeError, ModelListError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
-"""What an engine or the network can cause; anything else is logged with its traceback."""
+_EXPECTED = (
+    ProbeError,
+    ModelListError,
+    LookupFailed,
+    LocalResourceExhausted,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    OSError,
+)
+"""What an engine, the network or the router's own limits can cause; anything else is logged
+with its traceback."""
 
 
 class _AnswerParser(Protocol):
@@ -65,12 +82,22 @@ class Prober:
     """Keeps every engine's probe state current; start with `run()`, stop by cancelling it."""
 
     def __init__(
-        self, fleet: Fleet, settings: ProbeSettings, *, sleep: Sleep = asyncio.sleep
+        self,
+        fleet: Fleet,
+        settings: ProbeSettings,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        headers: Callable[[], Mapping[str, str] | None] = lambda: None,
+        resolver: Resolver | None = None,
     ) -> None:
-        """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time."""
+        """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time.
+        `headers()` is sent with every probe request (the engine key, read at each probe).
+        `resolver` is the proxy's (default: a fresh one with the default `DnsSettings`)."""
+        self._headers = headers
         self._fleet = fleet
         self._settings = settings
         self._sleep = sleep
+        self._resolver = resolver or Resolver(DnsSettings().timeout)
         self._limit = asyncio.Semaphore(settings.concurrency)
         self._probing: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -80,7 +107,12 @@ class Prober:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self._settings.timeout)
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            use_dns_cache=False,
+            resolver=ProbeResolver(self._resolver),
+            enable_cleanup_closed=True,
+        )
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             self._session = session
             self._probe_ids(tuple(self._fleet.snapshot.by_id))
@@ -145,9 +177,9 @@ class Prober:
         name = engine.spec.name
         if now.routable != was_routable:
             if now.routable:
-                log.info("engine %s ready: serves %s", name, _listing(now.served))
+                _log.info("engine %s ready: serves %s", name, _listing(now.served))
             else:
-                log.warning(
+                _log.warning(
                     "engine %s out of rotation (%s): %s",
                     name,
                     now.state,
@@ -155,7 +187,7 @@ class Prober:
                     exc_info=unexpected,
                 )
         elif result.error is not None and self._told.get((engine.id, "probe")) != result.error:
-            log.warning(
+            _log.warning(
                 "engine %s failed a probe (%s): %s",
                 name,
                 now.state,
@@ -180,7 +212,7 @@ class Prober:
         )
         if isinstance(models, BaseException):
             unexpected = None if isinstance(models, _EXPECTED) else models
-            return ProbeResult(ok=False, error=f"/v1/models: {_describe(models)}"), unexpected
+            return _failed(models, "/v1/models"), unexpected
         try:
             cards = cards_parser.close()
         except ModelListError as exc:
@@ -222,7 +254,7 @@ class Prober:
         if self._told.get((engine.id, topic)) == message:
             return
         self._told[(engine.id, topic)] = message
-        log.log(level, "engine %s: %s", engine.spec.name, message, exc_info=unexpected)
+        _log.log(level, "engine %s: %s", engine.spec.name, message, exc_info=unexpected)
 
     async def _read(self, session: aiohttp.ClientSession, url: str, parser: _AnswerParser) -> None:
         """Feed the answer at `url` to `parser` until it ends, the parser is full, or the answer
@@ -230,7 +262,7 @@ class Prober:
         declared length over `max_bytes` is no reason to stop early: the parser may be full
         before (the first 10,000 cards of a listing of 200,000 adapters)."""
         limit = self._settings.max_bytes
-        async with session.get(url) as response:
+        async with session.get(url, headers=self._headers()) as response:
             if response.status != 200:
                 raise ProbeError(f"HTTP {response.status}")
             received = 0
@@ -247,6 +279,25 @@ class Prober:
                         return
                     await asyncio.sleep(0)
             parser.feed(bytes(pending))
+
+
+def _failed(exc: BaseException, path: str) -> ProbeResult:
+    """A failed probe; inconclusive when the failure is the router's own, not the engine's."""
+    if isinstance(exc, LookupFailed):
+        return ProbeResult(ok=False, error=f"dns: {exc}", inconclusive=True)
+    resource = _local_resource(exc)
+    if resource is not None:
+        error = f"{path}: the router is out of {resource}: {exc}"
+        return ProbeResult(ok=False, error=error, inconclusive=True)
+    return ProbeResult(ok=False, error=f"{path}: {_describe(exc)}")
+
+
+def _local_resource(exc: BaseException) -> str | None:
+    if isinstance(exc, LocalResourceExhausted):
+        return exc.resource
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        exc = exc.os_error
+    return local_resource(exc) if isinstance(exc, OSError) else None
 
 
 def _describe(exc: BaseException) -> str:
@@ -267,4 +318,4 @@ def _listing(names: Sequence[str]) -> str:
 def _observe(task: asyncio.Task[None]) -> None:
     """Log what escaped a probe task (a bug in the fleet, say): never an unobserved exception."""
     if not task.cancelled() and (error := task.exception()) is not None:
-        log.error("%s failed", task.get_name(), exc_info=error)
+        _log.error("%s failed", task.get_name(), exc_info=error)

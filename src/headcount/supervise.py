@@ -25,7 +25,7 @@ from headcount.config import SupervisionSettings
 
 __all__ = ["RestartCounter", "Supervisor"]
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 RestartCounter = Callable[[str], Callable[[], None]]
 """Given a task's name, what to call on each of its restarts (`Metrics.task_restarts`)."""
@@ -64,11 +64,11 @@ class Supervisor:
                 delay = settings.restart_delay
             what = "returned" if error is None else f"{type(error).__name__}: {error}"
             if what != last:
-                log.error(
+                _log.error(
                     "task %s stopped (%s): restarting in %gs", name, what, delay, exc_info=error
                 )
             else:
-                log.error("task %s stopped again (%s): restarting in %gs", name, what, delay)
+                _log.error("task %s stopped again (%s): restarting in %gs", name, what, delay)
             last = what
             await self._sleep(delay)
             count_restart()

@@ -16,11 +16,14 @@ from headcount.metrics import UNKNOWN_MODEL
 
 __all__ = [
     "INTERNAL_ERROR",
+    "INVALID_API_KEY",
     "INVALID_JSON",
+    "MISSING_API_KEY",
     "MISSING_MODEL",
     "NOT_AN_OBJECT",
     "ErrorAnswer",
     "no_engine",
+    "overloaded",
     "unroutable",
     "upstream_failed",
     "upstream_timed_out",
@@ -48,10 +51,23 @@ MISSING_MODEL = _answer(
     400, "request body must name a `model` (a string)", "invalid_request_error", "missing_model"
 )
 INTERNAL_ERROR = ErrorAnswer(500, INTERNAL_ERROR_BODY)
+MISSING_API_KEY = _answer(
+    401,
+    "no API key: send it as `Authorization: Bearer <key>`",
+    "invalid_request_error",
+    "invalid_api_key",
+)
+INVALID_API_KEY = _answer(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+"""Never quotes the key presented."""
 
 
 def no_engine(message: str) -> ErrorAnswer:
     return _answer(503, message, "service_unavailable", "no_engine_available")
+
+
+def overloaded(message: str) -> ErrorAnswer:
+    """The router itself is out of a resource: no engine is to blame, try again later."""
+    return _answer(503, message, "service_unavailable", "overloaded")
 
 
 def upstream_timed_out(detail: str, tried: int) -> ErrorAnswer:
@@ -83,7 +99,8 @@ def unroutable(snapshot: Snapshot, model: str) -> tuple[ErrorAnswer, str]:
     ]
     states: dict[str, int] = {}
     for engine in serving:
-        states[engine.state.value] = states.get(engine.state.value, 0) + 1
+        state = "ejected" if engine.id in snapshot.ejected else engine.state.value
+        states[state] = states.get(state, 0) + 1
     summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
     message = f"no routable engine serves model `{model}` right now (engines: {summary})"
     return no_engine(message), model
