@@ -214,39 +214,23 @@ def test_a_damaged_answer_is_rejected_exactly_when_json_rejects_it(
     assert_same_as_reference(read_cards(answer, cuts), reference_cards(answer))
 
 
-VLLM_MODELS = json.dumps(
-    {
-        "object": "list",
-        "data": [
-            {
-                "id": "m",
-                "object": "model",
-                "created": 1700000000,
-                "owned_by": "vllm",
-                "root": "m",
-                "parent": None,
-                "max_model_len": 8192,
-                "permission": [
-                    {"id": "modelperm-1", "object": "model_permission", "allow_view": True}
-                ],
-            },
-            {"id": "lora-a", "parent": "m", "root": "/adapters/a", "evil": {"nested": [1, 2]}},
-        ],
-    }
-).encode()
+BASE_CARD: Card = {
+    "id": "m",
+    "object": "model",
+    "created": 1700000000,
+    "owned_by": "vllm",
+    "root": "m",
+    "parent": None,
+    "max_model_len": 8192,
+}
+PERMISSION = [{"id": "modelperm-1", "object": "model_permission", "allow_view": True}]
 
 
 def test_cards_keep_only_the_scalar_fields_the_router_serves() -> None:
-    assert read_cards(VLLM_MODELS) == (
-        {
-            "id": "m",
-            "object": "model",
-            "created": 1700000000,
-            "owned_by": "vllm",
-            "root": "m",
-            "parent": None,
-            "max_model_len": 8192,
-        },
+    adapter = {"id": "lora-a", "parent": "m", "root": "/adapters/a", "evil": {"nested": [1, 2]}}
+    answer = {"object": "list", "data": [{**BASE_CARD, "permission": PERMISSION}, adapter]}
+    assert read_cards(json.dumps(answer).encode()) == (
+        BASE_CARD,
         {"id": "lora-a", "root": "/adapters/a", "parent": "m"},
     )
 

@@ -297,6 +297,22 @@ async def probed(
             await asyncio.gather(task, return_exceptions=True)
 
 
+@contextlib.asynccontextmanager
+async def unobserved_errors() -> AsyncIterator[list[dict[str, object]]]:
+    """What reaches the loop's exception handler in the block ("Task exception was never
+    retrieved" among them: garbage is collected before the block ends)."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        yield errors
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+
+
 def judged(fleet: Fleet, url: str) -> Engine | None:
     engine = fleet.snapshot.by_id[url]
     return engine if engine.state is not EngineState.PENDING else None
@@ -427,24 +443,15 @@ class BrokenOnce(Fleet):
 async def test_what_escapes_a_probe_task_is_logged_and_the_engine_probed_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    loop = asyncio.get_running_loop()
-    errors: list[dict[str, object]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    try:
-        async with raw_engine(Answers().script) as engine:
-            fleet = BrokenOnce()
-            task = asyncio.create_task(Prober(fleet, SMALL).run())
-            try:
-                fleet.reconcile("static", static_specs([engine.url]))
-                await wait_until(lambda: judged(fleet, engine.url))
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        gc.collect()
-        await asyncio.sleep(0)
-    finally:
-        loop.set_exception_handler(previous)
+    async with unobserved_errors() as errors, raw_engine(Answers().script) as engine:
+        fleet = BrokenOnce()
+        task = asyncio.create_task(Prober(fleet, SMALL).run())
+        try:
+            fleet.reconcile("static", static_specs([engine.url]))
+            await wait_until(lambda: judged(fleet, engine.url))
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     assert not errors, errors
     told = [r for r in caplog.records if r.getMessage() == f"probe {engine.url} failed"]
     assert len(told) == 1 and told[0].exc_info is not None
@@ -508,23 +515,14 @@ _hostile_metrics = st.one_of(
 async def test_a_hostile_engine_ends_ready_or_unhealthy_with_a_reason_never_a_task_error(
     models: bytes, metrics: bytes, truncate: bool
 ) -> None:
-    loop = asyncio.get_running_loop()
-    errors: list[dict[str, object]] = []
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    try:
-        answers = Answers()
-        answers.bodies.update({"/v1/models": models, "/metrics": metrics})
-        if truncate:
-            answers.heads["/v1/models"] = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (
-                len(models) + 10
-            )
-        async with probed(answers) as (fleet, url):
-            engine = await wait_until(lambda: judged(fleet, url))
-        gc.collect()
-        await asyncio.sleep(0)
-    finally:
-        loop.set_exception_handler(previous)
+    answers = Answers()
+    answers.bodies.update({"/v1/models": models, "/metrics": metrics})
+    if truncate:
+        answers.heads["/v1/models"] = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (
+            len(models) + 10
+        )
+    async with unobserved_errors() as errors, probed(answers) as (fleet, url):
+        engine = await wait_until(lambda: judged(fleet, url))
     assert not errors, errors
     if engine.state is EngineState.READY:
         assert engine.served and all(_scalars_only(card) for card in engine.cards)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from headcount.app import Router
 from headcount.config import (
+    AuthSettings,
     DiscoverySettings,
     HealthSettings,
     ProbeSettings,
@@ -233,3 +235,28 @@ async def test_the_grpc_health_refresher_is_supervised_too() -> None:
         await wait_until(lambda: calls > 3, what="refreshing again")
     finally:
         await server.stop(grace=0)
+
+
+@pytest.mark.parametrize("with_key_file", [True, False])
+async def test_the_key_file_watcher_is_supervised_when_there_is_a_key_file(
+    tmp_path: Path, with_key_file: bool
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("a-key\n")
+    settings = Settings(
+        server=ServerSettings(host="127.0.0.1", port=0),
+        discovery=DiscoverySettings(backends=("http://127.0.0.1:1",)),
+        health=HealthSettings(drain_delay=0.0, drain_timeout=1.0),
+        auth=AuthSettings(api_keys_file=keys if with_key_file else None),
+    )
+    fleet = Fleet(unhealthy_after=1)
+    router = Router(settings, fleet, [StaticSource(fleet, settings.discovery.backends)])
+    stop = asyncio.Event()
+    running = asyncio.create_task(router.run(stop))
+    try:
+        await wait_until(lambda: restarts(router.metrics, "prober") == 0, what="running")
+        # with no key file there is nothing to watch: the watcher returns, and is no crash
+        assert restarts(router.metrics, "key-files") == (0 if with_key_file else None)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)

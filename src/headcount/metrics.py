@@ -97,7 +97,7 @@ class Metrics:
             self._local_resource_errors.labels(resource)
         self._task_restarts = Counter(
             "headcount_task_restarts",
-            "Restarts of a long-lived task (the prober) after it crashed.",
+            "Restarts of a long-lived task (the prober, ...) after it crashed.",
             ["task"],
             registry=self.registry,
         )

@@ -3,14 +3,14 @@
 A background task that raises dies quietly in asyncio ("Task exception was
 never retrieved", at garbage collection at best) while the router carries on
 with state nobody updates any more. `Supervisor.run` keeps such a task (the
-prober, the gRPC health refresher) going for the life of the process: when it
-raises, or returns, which a long-lived task must not, the crash is logged with
-its traceback (a crash repeating the previous one gets one line), counted in
-`headcount_task_restarts_total{task}`, and the task is started again after a
-back-off that doubles with each crash in a row up to a cap and starts over
-once the task has run `healthy_after` before crashing. Cancelling `run` stops
-the task. Discovery loops are not supervised here: a dead one fails `/livez`,
-and the restart of the pod is their supervisor.
+prober, the gRPC health refresher, the key-file watcher) going for the life of
+the process: when it raises, or returns, which a long-lived task must not, the
+crash is logged with its traceback (a crash repeating the previous one gets
+one line), counted in `headcount_task_restarts_total{task}`, and the task is
+started again after a back-off that doubles with each crash in a row up to a
+cap and starts over once the task has run `healthy_after` before crashing.
+Cancelling `run` stops the task. Discovery loops are not supervised here: a
+dead one fails `/livez`, and the restart of the pod is their supervisor.
 """
 
 from __future__ import annotations
