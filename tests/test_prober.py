@@ -339,6 +339,24 @@ async def test_a_long_model_list_is_read_up_to_max_models_even_past_the_byte_lim
     assert engine.served == tuple(f"lora-{i:05d}" for i in range(100))
 
 
+async def test_a_model_list_stamped_anew_at_each_probe_changes_nothing_in_the_fleet() -> None:
+    # vLLM stamps `created` at each request: were it kept, every probe would rebuild the snapshot.
+    answers = Answers()
+    stamped = {"object": "list", "data": [{"id": "m", "object": "model", "created": 1}]}
+    answers.bodies["/v1/models"] = json.dumps(stamped).encode()
+    async with probed(answers) as (fleet, url):
+        await wait_until(lambda: judged(fleet, url))
+        before = fleet.snapshot
+        sent = answers.sent["/v1/models"]
+        stamped["data"][0]["created"] = 2
+        answers.bodies["/v1/models"] = json.dumps(stamped).encode()
+        await wait_until(
+            lambda: answers.sent["/v1/models"] >= sent + 2 * len(answers.bodies["/v1/models"])
+        )
+        assert fleet.snapshot is before
+        assert before.by_id[url].state is EngineState.READY
+
+
 async def test_metrics_over_the_limit_leave_the_engine_ready_with_load_unknown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -65,6 +65,8 @@ class AdminApp:
         self._shutting_down = shutting_down
         self._clock = clock
         self._started = clock()
+        self._created = int(time.time())
+        """`created` of the models in `/v1/models`: when this router started knowing them."""
 
     def report(self) -> HealthReport:
         return evaluate(
@@ -125,6 +127,7 @@ class AdminApp:
         cards = [dict(card) for card in self._fleet.snapshot.model_cards()]
         for card in cards:
             card.setdefault("object", "model")
+            card.setdefault("created", self._created)
             card.setdefault("owned_by", "headcount")
         return LocalResponse.json(200, {"object": "list", "data": cards})
 

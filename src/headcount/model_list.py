@@ -40,8 +40,10 @@ __all__ = [
 Scalar = str | int | float | bool | None
 Card = dict[str, Scalar]
 
-KEPT_FIELDS: Final = ("id", "object", "created", "owned_by", "root", "parent", "max_model_len")
-"""What the router reads (`id`, `parent`) and serves back in its own `/v1/models`."""
+KEPT_FIELDS: Final = ("id", "object", "owned_by", "root", "parent", "max_model_len")
+"""What the router reads (`id`, `parent`) and serves back in its own `/v1/models`. Not
+`created`: vLLM stamps it at each request, so keeping it would make every probe a change of
+the engine (and a rebuilt fleet snapshot); the router's `/v1/models` gives its own."""
 MAX_DEPTH: Final = 32
 """Containers nested in each other; vLLM's answer nests 5 deep."""
 MAX_TOKEN: Final = 64 * 1024
