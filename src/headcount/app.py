@@ -14,6 +14,8 @@ import logging
 import signal
 from collections.abc import Sequence
 
+from headcount._http.acceptor import ClientListener
+from headcount._http.resources import LocalResources, raise_open_file_limit
 from headcount.admin import AdminApp
 from headcount.config import ConfigError, DiscoveryMode, Settings
 from headcount.discovery.source import DiscoverySource
@@ -40,7 +42,8 @@ class Router:
         self.fleet = fleet
         self.sources = list(sources)
         statuses = [source.status for source in self.sources]
-        self.metrics = Metrics(lambda: fleet.snapshot, statuses)
+        self.resources = LocalResources()
+        self.metrics = Metrics(lambda: fleet.snapshot, statuses, lambda: self.resources.counts)
         self.prober = Prober(self.fleet, settings.probe)
         self.shutting_down = False
         self._source_tasks: dict[str, asyncio.Task[None]] = {}
@@ -51,6 +54,7 @@ class Router:
             settings.health,
             dead_sources=self._dead_sources,
             shutting_down=lambda: self.shutting_down,
+            local_problems=self.resources.problems,
         )
         self.proxy = Proxy(
             self.fleet,
@@ -58,6 +62,7 @@ class Router:
             settings.proxy,
             self.metrics,
             self.admin.handle,
+            self.resources,
         )
 
     def _dead_sources(self) -> set[str]:
@@ -110,7 +115,7 @@ class Router:
             await asyncio.gather(*self._source_tasks.values(), prober, return_exceptions=True)
             await self.proxy.close()
 
-    async def _drain_unless_hurried(self, server: asyncio.Server, hurry: asyncio.Event) -> None:
+    async def _drain_unless_hurried(self, server: ClientListener, hurry: asyncio.Event) -> None:
         drain = asyncio.ensure_future(self._drain(server))
         hurried = asyncio.ensure_future(hurry.wait())
         try:
@@ -122,7 +127,7 @@ class Router:
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
 
-    async def _drain(self, server: asyncio.Server) -> None:
+    async def _drain(self, server: ClientListener) -> None:
         health = self.settings.health
         self.shutting_down = True
         log.info(
@@ -170,6 +175,7 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    raise_open_file_limit()
     fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after)
     router = Router(settings, fleet, await build_sources(settings, fleet))
     await router.run(stop, hurry)

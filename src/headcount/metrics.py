@@ -2,16 +2,17 @@
 
 Per-request series (`headcount_requests_total`, the latency histograms,
 failovers) live in a registry and are updated through cached label children.
-Everything that describes the fleet or discovery (`headcount_engines`,
-`headcount_engine_in_flight`, `headcount_discovery_*`) is computed from a
-snapshot when scraped, so an engine's series disappear with the engine. The
-text is rendered in a worker thread so a scrape never stalls the event loop.
+Everything that describes the fleet, discovery or the router's own resources
+(`headcount_engines`, `headcount_engine_in_flight`, `headcount_discovery_*`,
+`headcount_local_resource_errors_total`) is computed from a snapshot when
+scraped, so an engine's series disappear with the engine. The text is rendered
+in a worker thread so a scrape never stalls the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,10 +41,15 @@ class Metrics:
     """The router's metrics; one instance per process."""
 
     def __init__(
-        self, snapshot: Callable[[], Snapshot], sources: Sequence[SourceStatus] = ()
+        self,
+        snapshot: Callable[[], Snapshot],
+        sources: Sequence[SourceStatus] = (),
+        local_errors: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
+        """`local_errors()`: the router's own resources running out, counted by resource."""
         self._snapshot = snapshot
         self._sources = sources
+        self._local_errors = local_errors
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "headcount_requests",
@@ -102,7 +108,10 @@ class Metrics:
         """The exposition text, built off the event loop from one snapshot."""
         fleet = _FleetCollector(self._snapshot())
         discovery = _DiscoveryCollector([_SourceSample.of(s) for s in self._sources])
-        return await asyncio.to_thread(_render, [self.registry, fleet, discovery])
+        collectors: list[_Collector] = [self.registry, fleet, discovery]
+        if self._local_errors is not None:
+            collectors.append(_LocalErrorsCollector(dict(self._local_errors())))
+        return await asyncio.to_thread(_render, collectors)
 
 
 def _render(sources: list[_Collector]) -> bytes:
@@ -137,6 +146,22 @@ class _FleetCollector:
         for engine in self._snapshot.engines:
             in_flight.add_metric([engine.spec.name], engine.load.in_flight)
         yield in_flight
+
+
+class _LocalErrorsCollector:
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        errors = CounterMetricFamily(
+            "headcount_local_resource_errors",
+            "The router's own resources running out (file descriptors, the connection limit), "
+            "by resource; never counted against an engine.",
+            labels=["resource"],
+        )
+        for name, count in sorted(self._counts.items()):
+            errors.add_metric([name], count)
+        yield errors
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,10 @@
 
 `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` are proxied:
 `admission.admit` picks the engine (or the error to answer), and an `Exchange`
-carries the request to its end. Every other request goes to the `LocalHandler`
+carries the request to its end. A body over `inline_parse_max` is read by a
+worker process first (`parsepool.py`), so that no body stalls the loop.
+Clients are accepted by `_http/acceptor.py` (running out of descriptors is
+counted in `resources`, never blamed on an engine). Every other request goes to the `LocalHandler`
 (`/v1/models`, `/engines`, health, metrics), none of which is hot.
 
 The request goes out with hop-by-hop headers dropped, `host` set to the engine
@@ -18,7 +21,8 @@ the response (`headers.py`). The answer streams back as it arrives, one client
 write per upstream read.
 
 Errors are OpenAI-shaped JSON (`errors.py`): 400 bad JSON or no `model`, 404
-unknown model, 413 body too large, 503 no routable engine, 502/504 after
+unknown model, 413 body too large, 503 no routable engine (or, from the HTTP
+layer, too many connections or request bodies held), 502/504 after
 failover, 500 for a bug in the router (logged once; no stack trace reaches a
 client).
 """
@@ -27,24 +31,31 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
+import resource
 from collections.abc import Awaitable
 
+from headcount._http.acceptor import ClientListener, listen
 from headcount._http.connections import ConnectionRegistry
 from headcount._http.handler import Request, Responder
-from headcount._http.local import LocalHandler, serve_local
+from headcount._http.local import LocalHandler, TaskExchange, serve_local
+from headcount._http.resources import LocalResources
 from headcount._http.server import HttpServerProtocol, ServerLimits
 from headcount._http.upstream import Upstreams
-from headcount._http.wire import JSON_HEADER
+from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER
 from headcount.config import ProxySettings
 from headcount.fleet import Fleet, FleetChange
 from headcount.metrics import Metrics
-from headcount.proxy.admission import Refused, admit
+from headcount.proxy.admission import Admitted, Refused, admit, admit_read
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
+from headcount.proxy.parsepool import ParsePool
 from headcount.routing import Policy
 
 __all__ = ["Proxy", "start_server"]
+
+_log = logging.getLogger(__name__)
 
 _PROXIED = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
 
@@ -59,17 +70,24 @@ class Proxy:
         settings: ProxySettings,
         metrics: Metrics,
         local: LocalHandler,
+        resources: LocalResources | None = None,
     ) -> None:
+        """`resources` hears of the router's own resources running out (a private one if None)."""
         self.fleet = fleet
         self.policy = policy
         self.metrics = metrics
+        self.resources = resources or LocalResources()
         self._local = local
         self.limits = ServerLimits(
             max_header_size=settings.max_header_size,
             max_body_size=settings.max_body_size,
             keepalive_timeout=settings.client_idle_timeout,
             max_pipeline=settings.max_pipeline,
+            header_timeout=settings.client_header_timeout,
+            send_timeout=settings.client_send_timeout,
         )
+        self._inline_parse_max = settings.inline_parse_max
+        self._parser = ParsePool(settings.parse_workers, settings.parse_worker_memory)
         self.upstreams = Upstreams(
             connect_timeout=settings.connect_timeout,
             read_timeout=settings.read_timeout,
@@ -85,8 +103,15 @@ class Proxy:
             max_failovers=settings.max_failovers,
             spawn=self._spawn,
         )
-        self._connections = ConnectionRegistry()
-        self._servers: list[asyncio.Server] = []
+        limit = settings.connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._connections = ConnectionRegistry(
+            limit=limit,
+            body_budget=settings.max_buffered_body_bytes,
+            on_full=lambda: self.resources.exhausted(
+                "connections", f"{limit} client connections open (--max-connections)"
+            ),
+        )
+        self._servers: list[ClientListener] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._id_prefix = os.urandom(6).hex().encode() + b"-"
@@ -97,6 +122,11 @@ class Proxy:
     def in_flight(self) -> int:
         """Client requests received and not yet answered, proxied or local."""
         return self._connections.active
+
+    @property
+    def connections(self) -> ConnectionRegistry:
+        """The open client connections, their limit and the request-body bytes they hold."""
+        return self._connections
 
     def begin_drain(self) -> None:
         """Stop accepting; close idle client connections, the others after their response."""
@@ -119,6 +149,7 @@ class Proxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(0)  # the aborted connections' connection_lost release their upstreams
         self.upstreams.close()
+        await self._parser.close()
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -129,7 +160,7 @@ class Proxy:
             self.handle, self.limits, self._connections, loop, self.metrics.rejected
         )
 
-    def _attach_server(self, server: asyncio.Server) -> None:
+    def _attach_server(self, server: ClientListener) -> None:
         self._servers.append(server)
 
     def _on_fleet_change(self, change: FleetChange) -> None:
@@ -157,7 +188,37 @@ class Proxy:
     def _forward(self, request: Request, responder: Responder) -> None:
         loop = self._loop or asyncio.get_running_loop()
         started = loop.time()
+        if len(request.body) > self._inline_parse_max:
+            # Parsing a large body could stall the loop: a worker process reads it.
+            task = self._spawn(self._forward_read(request, responder, loop, started))
+            responder.attach(TaskExchange(task))
+            return
         decision = admit(request, self.fleet.snapshot, self.policy)
+        self._proceed(request, responder, decision, loop, started)
+
+    async def _forward_read(
+        self,
+        request: Request,
+        responder: Responder,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
+        try:
+            read = await self._parser.read(request.body, self.policy.key_source, request.headers)
+            decision = admit_read(read, self.fleet.snapshot, self.policy)
+            self._proceed(request, responder, decision, loop, started)
+        except Exception:
+            _log.exception("routing a request with a large body failed")
+            responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
+
+    def _proceed(
+        self,
+        request: Request,
+        responder: Responder,
+        decision: Admitted | Refused,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
         if isinstance(decision, Refused):
             self._refuse(request, responder, decision, started)
             return
@@ -185,11 +246,16 @@ class Proxy:
 
 async def start_server(
     proxy: Proxy, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048
-) -> asyncio.Server:
+) -> ClientListener:
     """Listen for clients; `reuse_port` lets several worker processes share the port."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: proxy.protocol(loop), host, port, reuse_port=reuse_port or None, backlog=backlog
+    server = await listen(
+        host,
+        port,
+        lambda: proxy.protocol(loop),
+        proxy.resources,
+        reuse_port=reuse_port,
+        backlog=backlog,
     )
     proxy._attach_server(server)
     return server
