@@ -3,7 +3,7 @@
 Each request body is bounded by `max_body_size`, but a thousand clients each
 uploading one would still hold a thousand of them. Every connection takes
 from one shared `BodyBudget` before it holds body bytes (the whole
-Content-Length up front, or each chunk as it arrives) and gives them back when
+Content-Length up front, or a chunked body 64 KiB at a time) and gives them back when
 the request's exchange ends or the connection does; a request that does not
 fit is answered 503 (`overloaded`) instead of growing the router, in the
 spirit of Envoy's overload manager.

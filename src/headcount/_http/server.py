@@ -34,12 +34,16 @@ closes. What a client gets from this layer alone:
   stream on a reused connection waits ~40 ms for its first chunk: Nagle plus
   delayed ACK).
 
-Memory: a body is one growing buffer (the first read's bytes as they came, a
-`bytearray` once a second piece arrives), never one object per chunk; it is
-held against the budget from arrival until its exchange ends. A connection
-that ends releases everything at once: its budget, its buffers, and the
-protocol <-> parser reference cycle, so a dropped upload is freed without
+Memory: a body is held as few objects (`body.py`: its first piece as it came,
+then pieces of 16 KiB or more), never one per chunk, and counted against the
+budget from arrival (a chunked one in 64 KiB steps) until its exchange ends. A
+connection that ends releases everything at once: its budget, its buffers, and
+the protocol <-> parser reference cycle, so a dropped upload is freed without
 waiting for the cyclic garbage collector.
+
+The loop: a read over 64 KiB is parsed a slice per loop iteration (reading
+paused meanwhile), so no read costs more than one slice's parsing, and a body
+from 1 MiB is joined into one `bytes` in a thread (`body.py`).
 
 Flow control: when the client's socket buffer fills (`pause_writing`) the
 exchange's `ExchangeListener` is told, so it can stop reading upstream, and no
