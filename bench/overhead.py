@@ -28,7 +28,9 @@ Method (the numbers are only as good as this):
   the router's cost relative to the engines'; CPU µs/request is the steadier number.
 
 Usage: `.venv/bin/python bench/overhead.py [--quick] [--rounds N] [--duration S]
-[--targets direct,headcount,vllm-router,sglang-router] [--workloads chat-c32,...]`.
+[--targets direct,headcount,vllm-router,sglang-router] [--workloads chat-c32,...]
+[--baseline REV ...]`. `--baseline` measures headcount as it was at a git revision in the
+same rounds as today's, for the before/after of a hot-path change.
 Peers and wrk: `bench/peers.sh` installs them (idempotent). The report is printed
 and written to `bench/out/overhead-<timestamp>.md`, logs beside it.
 """
@@ -123,14 +125,47 @@ class Target:
     install_hint: str = ""
 
 
-def _headcount(launch: Launch) -> list[str]:
+def _headcount(
+    launch: Launch, program: tuple[str, ...] = (str(VENV_BIN / "headcount"),)
+) -> list[str]:
     flags = RouterFlags(
         discovery=DiscoveryMode.STATIC,
         backends=launch.backends,
         routing=RoutingName.ROUND_ROBIN,
     )
-    program = (str(VENV_BIN / "headcount"),)
     return serve_command(flags, host="127.0.0.1", port=launch.port, program=program)
+
+
+def baseline_target(rev: str, out_dir: Path) -> Target:
+    """headcount as it was at git revision `rev`, measured beside today's in the same rounds.
+
+    Its `src/` is extracted with `git archive` under `out_dir` and run by this interpreter
+    with that tree first on `PYTHONPATH` (the dependencies are today's).
+    """
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", f"{rev}^{{commit}}"],
+            cwd=BENCH,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except subprocess.CalledProcessError as exc:
+        raise BenchError(f"--baseline {rev}: {exc.stderr.strip()}") from None
+    tree = out_dir / f"baseline-{commit}"
+    if not (tree / "src" / "headcount").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", commit, "src"], cwd=BENCH.parent, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    program = ("env", f"PYTHONPATH={tree / 'src'}", sys.executable, "-m", "headcount.cli")
+    return Target(
+        f"headcount@{commit}",
+        program=Path(sys.executable),
+        command=functools.partial(_headcount, program=program),
+        fleet_check=FleetCheck("/engines", "state", "ready"),
+    )
 
 
 def _vllm_router(launch: Launch) -> list[str]:
@@ -700,6 +735,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=DEFAULT_TOKEN_DELAY_S,
         help="engine seconds per token (default 1e-6: one write per streamed chunk)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        action="append",
+        default=[],
+        help="also measure headcount at git revision REV, side by side (repeatable)",
+    )
     parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds per start")
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="report directory")
     parser.add_argument(
@@ -738,6 +780,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     if args.threads < ENGINES or args.threads % ENGINES:
         raise BenchError(f"--threads must be a multiple of {ENGINES} (direct pins one per engine)")
     targets = _installed(_pick(args.targets, TARGETS, "targets"), args.require_peers)
+    targets += tuple(baseline_target(rev, args.out) for rev in args.baseline)
     return Settings(
         rounds=args.rounds or (2 if args.quick else 5),
         duration_s=args.duration or (2 if args.quick else 5),

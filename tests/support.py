@@ -172,6 +172,8 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_time_to_first_byte_seconds": frozenset({"model"}),
     "headcount_upstream_failovers_total": frozenset({"reason"}),
     "headcount_engine_in_flight": frozenset({"engine"}),
+    "headcount_outlier_ejections_total": frozenset({"reason"}),
+    "headcount_outlier_ejected_engines": frozenset(),
     "headcount_local_resource_errors_total": frozenset({"resource"}),
 }
 EXPORTED_METRICS = frozenset(METRIC_LABELS)

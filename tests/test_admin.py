@@ -193,6 +193,13 @@ async def test_engines_describes_every_engine_with_its_state_load_and_origin() -
         "model_label": "model-a",
         "sleeping": False,
         "last_error": None,
+        "outlier": {
+            "ejected": False,
+            "ejected_for_seconds": None,
+            "ejections": 0,
+            "last_ejection_reason": None,
+            "consecutive_errors": 0,
+        },
     }
     assert (second["name"], second["state"], second["last_error"]) == (
         "llm/broken",

@@ -136,7 +136,10 @@ async def test_a_connection_over_max_connections_gets_503_and_health_says_why() 
         assert head.startswith(b"HTTP/1.1 503")
         body = await asyncio.wait_for(reader.read(), TIMEOUT)
         assert b'"too_many_connections"' in body
-        assert proxy.resources.counts["connections"] == 1
+        refused = proxy.metrics.registry.get_sample_value(
+            "headcount_local_resource_errors_total", {"resource": "connections"}
+        )
+        assert refused == 1
         assert any("connections" in problem for problem in proxy.resources.problems())
         writer.close()
         for _, held_writer in held:
@@ -151,13 +154,21 @@ def test_health_is_degraded_not_unavailable_when_the_router_ran_out_of_its_own_r
     engine.reconcile("t", [EngineSpec(id="e", name="e", url="http://e", source="t")])
     engine.apply_probe("e", ProbeResult(ok=True, cards=({"id": MODEL},)))
     snapshot: Snapshot = engine.snapshot
-    problem = "router out of fds 3s ago (accepting a client connection: Too many open files)"
+    problem = "router out of file descriptors 3s ago"
     report = evaluate(
         [], snapshot, HealthSettings(), now=10.0, started=0.0, local_problems=[problem]
     )
     assert report.status is Status.DEGRADED
     assert report.body["reasons"] == [problem]
     assert report.is_ready and report.is_live
+
+
+async def test_exhaustion_counted_anywhere_makes_health_name_the_resource() -> None:
+    # Engine connections and probes count theirs in the metric; /health must see them too.
+    async with proxy_before("http://127.0.0.1:9", ProxySettings()) as (_, proxy):
+        assert proxy.resources.problems() == []
+        proxy.metrics.local_resource_error("fds")
+        assert proxy.resources.problems() == ["router out of file descriptors 0s ago"]
 
 
 # -- running out of file descriptors, as a process ------------------------------------------
@@ -213,7 +224,7 @@ async def test_running_out_of_descriptors_is_counted_shown_and_survived(tmp_path
             assert await wait_until_async(counted, timeout=TIMEOUT) > 0
             health = await client.health()
             assert health["status"] == "degraded"
-            assert any("out of fds" in reason for reason in health["reasons"])
+            assert any("out of file descriptors" in reason for reason in health["reasons"])
             assert await client.status_of("/livez") == 200  # still listening
             assert [e["state"] for e in await client.engines()] == ["ready"]
         finally:

@@ -168,3 +168,29 @@ def test_a_probe_that_changes_what_an_engine_serves_rebuilds_the_snapshot() -> N
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=(*CARDS, {"id": "new", "parent": "m"})))
     assert fleet.snapshot is not before
     assert [e.id for e in fleet.snapshot.candidates("new")] == ["uid-a"]
+
+
+def test_an_inconclusive_probe_records_its_error_and_changes_no_state() -> None:
+    fleet = ready_fleet("a")
+    for _ in range(PROBE.unhealthy_after + 1):
+        fleet.apply_probe(
+            "uid-a", ProbeResult(ok=False, error="dns: a: timeout", inconclusive=True)
+        )
+    engine = fleet.snapshot.by_id["uid-a"]
+    assert (engine.state, engine.probe_failures, engine.last_error) == (
+        EngineState.READY,
+        0,
+        "dns: a: timeout",
+    )
+
+
+def test_listeners_hear_an_engine_leave_rotation_once_per_write() -> None:
+    heard: list[FleetChange] = []
+    fleet = ready_fleet("a", "b", "c")
+    fleet.subscribe(heard.append)
+    fleet.eject("uid-a", "connect refused")
+    for _ in range(PROBE.unhealthy_after + 1):  # the last one finds it out already
+        fleet.apply_probe("uid-b", ProbeResult(ok=False, error="x"))
+    fleet.upsert(spec("c", ready=False))
+    assert [change.left for change in heard] == [("uid-a",), ("uid-b",), ("uid-c",)]
+    assert [change.to_probe for change in heard] == [(), (), ("uid-c",)]

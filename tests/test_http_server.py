@@ -505,6 +505,19 @@ async def test_drain_closes_idle_connections_and_lets_busy_ones_finish(server: S
     busy_writer.close()
 
 
+async def test_a_connection_that_arrives_during_the_drain_is_answered_then_closed(
+    server: Server,
+) -> None:
+    # Accepted just before the listener closed, it must not stay open as a keep-alive.
+    server.registry.drain()
+    reader, writer = await server.connect()
+    writer.write(get("/late"))
+    response = await read_response(reader)
+    assert (response.status, response.headers["connection"]) == (200, "close")
+    assert await closed_by_server(reader)
+    writer.close()
+
+
 async def wait_for(condition: Callable[[], object]) -> None:
     await wait_until(condition, timeout=TIMEOUT)
 

@@ -2,15 +2,17 @@
 
 Engines are `headcount.sim.engine` instances (real aiohttp servers) or, where a
 test needs to see or send exact bytes, the scripted `RawEngine` of
-test_upstream. Clients are aiohttp, raw sockets, the official `openai` SDK and
+tests/support.py. Clients are aiohttp, raw sockets, the official `openai` SDK and
 curl. The fleet is built as discovery would build it, then marked probed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -22,7 +24,9 @@ import aiohttp
 import pytest
 
 from headcount._http.local import LocalRequest, LocalResponse
-from headcount.config import ProbeSettings, ProxySettings
+from headcount._http.pool import Dial
+from headcount._http.resolve import Resolver
+from headcount.config import OutlierSettings, ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
 from headcount.proxy import Proxy, start_server
@@ -77,7 +81,11 @@ class Routed:
         ]
 
     def all_released(self) -> bool:
-        return all(in_flight == 0 for in_flight, _, _ in self.loads()) and not self.proxy.in_flight
+        return (
+            all(in_flight == 0 for in_flight, _, _ in self.loads())
+            and not self.proxy.in_flight
+            and not self.proxy.awaiting_first_byte
+        )
 
     def sample(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
@@ -101,13 +109,26 @@ async def routed(
     extra_urls: Sequence[str] = (),
     settings: ProxySettings = SETTINGS,
     policy: Policy | None = None,
+    outliers: OutlierSettings | None = None,
+    resolver: Resolver | None = None,
+    dial: Dial | None = None,
 ) -> AsyncIterator[Routed]:
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(running_engine(c)) for c in configs]
-        fleet = Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
+        fleet = Fleet(
+            unhealthy_after=ProbeSettings().unhealthy_after, outliers=outliers or OutlierSettings()
+        )
         ids = add_engines(fleet, [engine.url for engine in engines] + list(extra_urls))
         metrics = Metrics(lambda: fleet.snapshot)
-        proxy = Proxy(fleet, policy or RoundRobin(), settings, metrics, local_app)
+        proxy = Proxy(
+            fleet,
+            policy or RoundRobin(),
+            settings,
+            metrics,
+            local_app,
+            resolver=resolver,
+            dial=dial,
+        )
         server = await start_server(proxy, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         session = await stack.enter_async_context(
@@ -802,3 +823,254 @@ async def test_affinity_routing_keeps_each_key_on_one_engine(
                 served.setdefault(i % 8, set()).add(response.headers["x-engine-name"])
         assert all(len(engines) == 1 for engines in served.values()), served
         assert len(set().union(*served.values())) > 1, "keys should not all share one engine"
+
+
+# -- a request never waits on an engine known to be dead ----------------------------------
+
+PATIENT = ProxySettings(connect_timeout=1.0, read_timeout=60.0)
+"""A read timeout far beyond the client's: only failover can answer these requests in time."""
+
+
+class Prefer:
+    """Routes to `engine_id` whenever it is a candidate, else to the first candidate."""
+
+    name = "prefer"
+    key_source = None
+
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+
+    def select(self, candidates: Sequence[Any], request: Any) -> Any:
+        chosen = [engine for engine in candidates if engine.id == self.engine_id]
+        return (chosen or list(candidates) or [None])[0]
+
+
+class Silent:
+    """A raw engine script: reads each request, never answers, until `release` is set."""
+
+    def __init__(self, answer: bytes = b"") -> None:
+        self.requests = 0
+        self.answer = answer
+        self.release = asyncio.Event()
+
+    async def __call__(self, conn: EngineConnection) -> None:
+        while await conn.read_request() is not None:
+            self.requests += 1
+            if not self.answer:
+                await conn.reader.read()  # until the router hangs up
+                return
+            await self.release.wait()
+            await conn.send(self.answer)
+
+
+def leave_rotation(setup: Routed, engine_id: str, how: str) -> None:
+    fleet = setup.fleet
+    if how == "ejected":
+        fleet.eject(engine_id, "connect refused by the engine")
+    elif how == "probes fail":
+        for _ in range(ProbeSettings().unhealthy_after):
+            fleet.apply_probe(engine_id, ProbeResult(ok=False, error="HTTP 500"))
+    elif how == "outlier":
+        for _ in range(OutlierSettings().consecutive_errors):
+            fleet.record_error(engine_id, "gateway_error")
+    elif how == "removed":
+        fleet.reconcile("static", [e.spec for e in fleet.snapshot.engines if e.id != engine_id])
+    else:
+        raise AssertionError(how)
+
+
+async def waiting_on(setup: Routed, silent: Silent, requests: int = 1) -> None:
+    await wait_until(
+        lambda: silent.requests == requests and setup.proxy.awaiting_first_byte == 1,
+        what="the request waiting on the silent engine",
+    )
+
+
+@pytest.mark.parametrize("how", ["ejected", "probes fail", "outlier", "removed"])
+async def test_a_request_waiting_on_an_engine_that_leaves_rotation_fails_over_at_once(
+    how: str,
+) -> None:
+    silent = Silent()
+    async with raw_engine(silent) as engine:
+        async with routed(
+            sim("alive"), extra_urls=[engine.url], settings=PATIENT, policy=Prefer(engine.url)
+        ) as setup:
+            request = asyncio.ensure_future(setup.post(CHAT, chat()))
+            await waiting_on(setup, silent)
+            leave_rotation(setup, engine.url, how)
+            status, _, headers = await request  # the client gives up long before read_timeout
+            assert (status, headers["x-engine-name"]) == (200, "alive")
+            reason = "engine_removed" if how == "removed" else "engine_left_rotation"
+            assert setup.sample("headcount_upstream_failovers_total", reason=reason) == 1
+            if how == "removed":
+                setup.engine_ids.remove(engine.url)
+            else:
+                assert setup.loads()[1][2] == 0, "leaving is not counted as the engine's failure"
+            await wait_until(setup.all_released)
+
+
+@pytest.mark.parametrize(
+    ("alive", "status", "code"),
+    [(False, 503, "no_engine_available"), (True, 502, "upstream_failed")],
+)
+async def test_with_no_engine_to_fail_over_to_the_answer_comes_at_once(
+    alive: bool, status: int, code: str
+) -> None:
+    silent = Silent()
+    settings = ProxySettings(connect_timeout=1.0, read_timeout=60.0, max_failovers=0)
+    configs = (sim("alive"),) if alive else ()
+    async with raw_engine(silent) as engine:
+        async with routed(
+            *configs, extra_urls=[engine.url], settings=settings, policy=Prefer(engine.url)
+        ) as setup:
+            request = asyncio.ensure_future(setup.post(CHAT, chat()))
+            await waiting_on(setup, silent)
+            setup.fleet.eject(engine.url, "connect refused by the engine")
+            answered, body, _ = await request
+            assert answered == status
+            assert_openai_error(body, code)
+            await wait_until(setup.all_released)
+
+
+async def test_an_ejected_engine_still_routed_to_in_a_panic_is_still_waited_for() -> None:
+    silent = Silent(answer=b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+    async with raw_engine(silent) as engine:
+        async with routed(extra_urls=[engine.url], settings=PATIENT) as setup:
+            request = asyncio.ensure_future(setup.post(CHAT, chat()))
+            await waiting_on(setup, silent)
+            leave_rotation(setup, engine.url, "outlier")  # 1 of 1 ejected: panic, route to all
+            assert setup.fleet.snapshot.panicking == {MODEL}
+            assert setup.proxy.awaiting_first_byte == 1, "not abandoned: it is the only one"
+            silent.release.set()
+            assert (await request)[0] == 200
+            await wait_until(setup.all_released)
+
+
+async def test_no_first_byte_within_first_byte_timeout_fails_over_then_504() -> None:
+    settings = ProxySettings(connect_timeout=1.0, read_timeout=60.0, first_byte_timeout=0.2)
+    silent = Silent()
+    async with raw_engine(silent) as engine:
+        async with routed(
+            sim("alive"), extra_urls=[engine.url], settings=settings, policy=Prefer(engine.url)
+        ) as setup:
+            status, _, headers = await setup.post(CHAT, chat())
+            assert (status, headers["x-engine-name"]) == (200, "alive")
+            assert setup.sample("headcount_upstream_failovers_total", reason="first_byte_timeout")
+            assert setup.loads()[1][2] == 1, "a silent engine is counted as failing"
+            assert setup.fleet.snapshot.by_id[engine.url].load.consecutive_errors == 1
+            await wait_until(setup.all_released)
+        async with routed(extra_urls=[engine.url], settings=settings) as setup:
+            status, body, _ = await setup.post(CHAT, chat())
+            assert status == 504
+            assert_openai_error(body, "upstream_timeout")
+            await wait_until(setup.all_released)
+
+
+async def test_first_byte_timeout_never_cuts_an_answer_that_has_begun() -> None:
+    settings = ProxySettings(connect_timeout=1.0, read_timeout=5.0, first_byte_timeout=0.1)
+    async with routed(sim("a", token_delay=0.15), settings=settings) as setup:
+        async with setup.session.post(
+            setup.url + CHAT, json=chat(stream=True, max_tokens=3)
+        ) as response:
+            assert response.status == 200
+            assert setup.proxy.awaiting_first_byte == 0, "the head ended the wait"
+            assert (await response.read()).endswith(b"data: [DONE]\n\n")
+        assert setup.sample("headcount_upstream_failovers_total", reason="first_byte_timeout") == 0
+        await wait_until(setup.all_released)
+
+
+# -- outlier detection through the proxy ----------------------------------------------------
+
+
+async def test_an_engine_answering_every_request_with_500_leaves_rotation() -> None:
+    threshold = OutlierSettings().consecutive_errors
+    async with routed(sim("broken", fail_mode="http-500"), sim("good")) as setup:
+        statuses = [(await setup.post(CHAT, chat()))[0] for _ in range(4 * threshold)]
+        assert statuses.count(500) == threshold, statuses
+        assert statuses[-2 * threshold :] == [200] * (2 * threshold)
+        broken = setup.fleet.snapshot.by_id[setup.engine_ids[0]]
+        assert broken.id in setup.fleet.snapshot.ejected and broken.state is EngineState.READY
+        assert setup.sample("headcount_outlier_ejections_total", reason="http_5xx") == 1
+        assert setup.sample("headcount_outlier_ejections_total", reason="gateway_error") == 0
+        await wait_until(setup.all_released)
+
+
+async def test_protocol_violations_count_as_gateway_errors() -> None:
+    outliers = OutlierSettings(consecutive_errors=2)
+    script = sends_one_write(b"HTTP/1.1 600 X\r\ncontent-length: 2\r\n\r\nno")
+    async with raw_engine(script) as engine:
+        async with routed(sim("good"), extra_urls=[engine.url], outliers=outliers) as setup:
+            statuses = [(await setup.post(CHAT, chat()))[0] for _ in range(8)]
+            assert statuses.count(502) == 2, statuses
+            assert setup.sample("headcount_outlier_ejections_total", reason="gateway_error") == 1
+            assert engine.url in setup.fleet.snapshot.ejected
+
+
+async def test_streams_that_break_midway_count_against_the_engine() -> None:
+    outliers = OutlierSettings(consecutive_errors=2)
+    configs = (sim("breaking", fail_mode="die-mid-stream"), sim("good"))
+    prefer = Prefer("")
+    async with routed(*configs, outliers=outliers, policy=prefer) as setup:
+        breaking = prefer.engine_id = setup.engine_ids[0]
+        for _ in range(2):
+            async with setup.session.post(setup.url + CHAT, json=chat(stream=True)) as response:
+                assert (response.status, response.headers["x-engine-name"]) == (200, "breaking")
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await response.read()
+        assert setup.fleet.snapshot.ejected == {breaking}
+        assert setup.sample("headcount_outlier_ejections_total", reason="gateway_error") == 1
+        status, _, headers = await setup.post(CHAT, chat())
+        assert (status, headers["x-engine-name"]) == (200, "good")
+        await wait_until(setup.all_released)
+
+
+async def test_any_answer_but_a_5xx_resets_the_count() -> None:
+    threshold = OutlierSettings().consecutive_errors
+    pattern = [500] * (threshold - 1) + [404]
+
+    async def script(conn: EngineConnection) -> None:
+        while await conn.read_request() is not None:
+            status = pattern[script.answered % len(pattern)]  # type: ignore[attr-defined]
+            script.answered += 1  # type: ignore[attr-defined]
+            await conn.send(b"HTTP/1.1 %d X\r\ncontent-length: 2\r\n\r\n{}" % status)
+
+    script.answered = 0  # type: ignore[attr-defined]
+    async with raw_engine(script) as engine, routed(extra_urls=[engine.url]) as setup:
+        statuses = [(await setup.post(CHAT, chat()))[0] for _ in range(3 * len(pattern))]
+        assert statuses == pattern * 3
+        assert setup.fleet.snapshot.ejected == frozenset()
+
+
+# -- the router's own failures are no engine's ----------------------------------------------
+
+
+def failing_dial(error_number: int) -> Dial:
+    async def dial(factory: Any, address: str, port: int) -> Any:
+        raise OSError(error_number, os.strerror(error_number))
+
+    return dial
+
+
+@pytest.mark.parametrize(
+    ("error_number", "resource"),
+    [
+        (errno.EMFILE, "fds"),
+        (errno.ENFILE, "fds"),
+        (errno.ENOMEM, "memory"),
+        (errno.ENOBUFS, "buffers"),
+    ],
+)
+async def test_running_out_of_its_own_resources_is_a_503_and_no_engine_is_blamed(
+    error_number: int, resource: str
+) -> None:
+    async with routed(sim("a"), sim("b"), dial=failing_dial(error_number)) as setup:
+        for _ in range(2 * OutlierSettings().consecutive_errors):
+            status, body, _ = await setup.post(CHAT, chat())
+            assert status == 503
+            assert_openai_error(body, "overloaded")
+        assert all(engine.routable for engine in setup.fleet.snapshot.engines)
+        assert setup.fleet.snapshot.ejected == frozenset()
+        assert [failures for _, _, failures in setup.loads()] == [0, 0]
+        assert setup.sample("headcount_local_resource_errors_total", resource=resource) == 10
+        assert setup.sample("headcount_upstream_failovers_total", reason="connect_failed") == 0
+        assert setup.all_released()

@@ -11,8 +11,10 @@ test_proxy.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
+from typing import Any
 
 import pytest
 
@@ -25,13 +27,17 @@ from headcount._http.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from headcount._http.upstream import ResponseHead, UpstreamPool, Upstreams
+from headcount._http.pool import PoolOptions, UpstreamPool, Upstreams
+from headcount._http.resolve import Resolver
+from headcount._http.upstream import ResponseHead
+from headcount.config import DnsSettings
 from headcount.sim.loopback import free_port
 from tests.support import EngineConnection, Script, blackholed_listener, raw_engine, wait_until
 
 __all__: list[str] = []
 
 TIMEOUT = 5.0
+RESOLVER = Resolver(DnsSettings().timeout)
 REQUEST = b"POST /v1/completions HTTP/1.1\r\nhost: engine\r\ncontent-length: 2\r\n\r\n{}"
 OK_HELLO = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-type: text/plain\r\n\r\nhello"
 
@@ -85,23 +91,18 @@ class Recorder:
         return self
 
 
-def make_pool(url: str, **overrides: float) -> UpstreamPool:
-    options = {
-        "connect_timeout": 1.0,
-        "read_timeout": 5.0,
-        "idle_timeout": 5.0,
-        "max_idle": 8,
-        "max_head_size": 4096,
-    }
-    options.update(overrides)
-    return UpstreamPool(
-        url,
-        connect_timeout=options["connect_timeout"],
-        read_timeout=options["read_timeout"],
-        idle_timeout=options["idle_timeout"],
-        max_idle=int(options["max_idle"]),
-        max_head_size=int(options["max_head_size"]),
-    )
+OPTIONS = PoolOptions(
+    connect_timeout=1.0,
+    read_timeout=5.0,
+    idle_timeout=5.0,
+    max_idle=8,
+    max_head_size=4096,
+    resolver=RESOLVER,
+)
+
+
+def make_pool(url: str, **overrides: Any) -> UpstreamPool:
+    return UpstreamPool(url, dataclasses.replace(OPTIONS, **overrides))
 
 
 async def exchange(pool: UpstreamPool, request: bytes = REQUEST) -> Recorder:
@@ -311,11 +312,13 @@ async def test_pool_bounds_idle_connections() -> None:
         pool.close()
 
 
+def small_upstreams() -> Upstreams:
+    return Upstreams(OPTIONS)
+
+
 async def test_closing_a_pool_closes_its_idle_connections() -> None:
     async with raw_engine(answering(OK_HELLO)) as engine:
-        upstreams = Upstreams(
-            connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8, max_head_size=4096
-        )
+        upstreams = small_upstreams()
         pool = upstreams.pool("engine-1", engine.url)
         assert upstreams.pool("engine-1", engine.url) is pool
         await exchange(pool)
@@ -331,9 +334,7 @@ async def test_closing_a_pool_closes_its_idle_connections() -> None:
 
 
 async def test_a_new_url_for_the_same_engine_gets_a_new_pool() -> None:
-    upstreams = Upstreams(
-        connect_timeout=1.0, read_timeout=5.0, idle_timeout=5.0, max_idle=8, max_head_size=4096
-    )
+    upstreams = small_upstreams()
     first = upstreams.pool("engine-1", "http://127.0.0.1:1")
     second = upstreams.pool("engine-1", "http://127.0.0.1:2")
     assert first is not second

@@ -4,6 +4,10 @@ None of them is on the hot path. Each answer is computed from one fleet
 snapshot and the sources' freshness, at the time of the request: `/v1/models`
 lists only what routable engines serve, and health is never green from the
 router's own state alone.
+
+With `--admin-port` the OpenAI API's `/v1/models` stays on the data port
+(`handle_api`) and the rest moves to the admin port (`handle_admin`); each port
+answers 404 for the other's paths.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount.config import HealthSettings
 from headcount.discovery.source import SourceStatus
-from headcount.fleet import Engine, Fleet
+from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.health import Check, HealthReport, evaluate, render_checks
 from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.metrics import Metrics
@@ -23,6 +27,7 @@ from headcount.metrics import Metrics
 __all__ = ["AdminApp"]
 
 _TEXT = "text/plain; charset=utf-8"
+_API_PREFIX = "/v1/"
 
 
 def _not_found(path: str) -> LocalResponse:
@@ -91,9 +96,9 @@ class AdminApp:
         if path == "/v1/models":
             return self._models()
         if path == "/engines":
-            return LocalResponse.json(
-                200, {"engines": [_engine_json(e) for e in self._fleet.snapshot.engines]}
-            )
+            snapshot, now = self._fleet.snapshot, self._fleet.now()
+            engines = [_engine_json(engine, snapshot, now) for engine in snapshot.engines]
+            return LocalResponse.json(200, {"engines": engines})
         if path == "/metrics":
             return LocalResponse(200, await self._metrics.render(), METRICS_CONTENT_TYPE)
         if path == "/health":
@@ -106,6 +111,18 @@ class AdminApp:
                     title, report.live if title == "livez" else report.ready, path, query
                 )
         return _not_found(path)
+
+    async def handle_api(self, request: LocalRequest) -> LocalResponse:
+        """The data port's answers when the admin endpoints have a port of their own."""
+        if request.path.startswith(_API_PREFIX):
+            return await self.handle(request)
+        return _not_found(request.path)
+
+    async def handle_admin(self, request: LocalRequest) -> LocalResponse:
+        """The admin port's answers: everything but the OpenAI API."""
+        if request.path.startswith(_API_PREFIX):
+            return _not_found(request.path)
+        return await self.handle(request)
 
     def _models(self) -> LocalResponse:
         cards = [dict(card) for card in self._fleet.snapshot.model_cards()]
@@ -127,8 +144,10 @@ def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> Local
     return LocalResponse(status, text.encode(), _TEXT)
 
 
-def _engine_json(engine: Engine) -> dict[str, Any]:
+def _engine_json(engine: Engine, snapshot: Snapshot, now: float) -> dict[str, Any]:
     spec = engine.spec
+    ejection = engine.ejection
+    ejected = engine.id in snapshot.ejected
     return {
         "id": spec.id,
         "name": spec.name,
@@ -148,4 +167,11 @@ def _engine_json(engine: Engine) -> dict[str, Any]:
         "model_label": spec.model_label,
         "sleeping": spec.sleeping,
         "last_error": engine.last_error,
+        "outlier": {
+            "ejected": ejected,
+            "ejected_for_seconds": round(max(0.0, ejection.until - now), 3) if ejected else None,
+            "ejections": ejection.count,
+            "last_ejection_reason": ejection.reason,
+            "consecutive_errors": engine.load.consecutive_errors,
+        },
     }

@@ -4,7 +4,9 @@ Nothing here decides anything; it starts the pieces, watches that the discovery
 loops stay alive (a dead loop fails `/livez` and is logged), and runs the
 shutdown sequence: on SIGTERM readiness fails at once, new requests are still
 served for `drain_delay`, then the listener closes and in-flight requests get
-up to `drain_timeout` to finish; a second signal ends the drain at once.
+up to `drain_timeout` to finish; a second signal ends the drain at once. The
+admin listener (`--admin-port`), if any, stays open until the end. SIGHUP
+reloads the key files.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import signal
 from collections.abc import Sequence
 
 from headcount._http.acceptor import ClientListener
-from headcount._http.resources import LocalResources, raise_open_file_limit
+from headcount._http.resolve import Resolver
+from headcount._http.resources import raise_open_file_limit
 from headcount.admin import AdminApp
+from headcount.auth import Authentication
 from headcount.config import ConfigError, DiscoveryMode, Settings
 from headcount.discovery.source import DiscoverySource
 from headcount.discovery.static import StaticSource
@@ -24,7 +28,7 @@ from headcount.fleet import Fleet
 from headcount.grpc_health import GrpcHealthServer
 from headcount.metrics import Metrics
 from headcount.probe import Prober
-from headcount.proxy import Proxy, start_server
+from headcount.proxy import Proxy, start_local_server, start_server
 from headcount.routing import make_policy
 
 __all__ = ["Router", "build_sources", "serve"]
@@ -42,9 +46,16 @@ class Router:
         self.fleet = fleet
         self.sources = list(sources)
         statuses = [source.status for source in self.sources]
-        self.resources = LocalResources()
-        self.metrics = Metrics(lambda: fleet.snapshot, statuses, lambda: self.resources.counts)
-        self.prober = Prober(self.fleet, settings.probe)
+        self.metrics = Metrics(lambda: fleet.snapshot, statuses)
+        self.auth = Authentication(settings.auth)
+        credentials = self.auth.credentials
+        resolver = Resolver(settings.dns.timeout)  # one lookup policy for probes and proxy
+        self.prober = Prober(
+            self.fleet,
+            settings.probe,
+            headers=credentials.engine_probe_headers,
+            resolver=resolver,
+        )
         self.shutting_down = False
         self._source_tasks: dict[str, asyncio.Task[None]] = {}
         self.admin = AdminApp(
@@ -54,15 +65,16 @@ class Router:
             settings.health,
             dead_sources=self._dead_sources,
             shutting_down=lambda: self.shutting_down,
-            local_problems=self.resources.problems,
+            local_problems=lambda: self.proxy.resources.problems(),
         )
         self.proxy = Proxy(
             self.fleet,
             make_policy(settings.proxy.routing, affinity_epsilon=settings.proxy.affinity_epsilon),
             settings.proxy,
             self.metrics,
-            self.admin.handle,
-            self.resources,
+            self.admin.handle if settings.server.admin_port is None else self.admin.handle_api,
+            credentials,
+            resolver=resolver,
         )
 
     def _dead_sources(self) -> set[str]:
@@ -71,6 +83,7 @@ class Router:
     async def run(self, stop: asyncio.Event, hurry: asyncio.Event | None = None) -> None:
         """Serve until `stop` is set, then drain and return; `hurry` set cuts the drain short."""
         server_settings = self.settings.server
+        await self.auth.load()
         try:
             server = await start_server(self.proxy, server_settings.host, server_settings.port)
         except OSError as exc:
@@ -78,6 +91,17 @@ class Router:
                 f"cannot listen on {server_settings.host}:{server_settings.port}: "
                 f"{exc.strerror or exc}"
             ) from None
+        admin_port = server_settings.admin_port
+        if admin_port is not None:
+            try:
+                await start_local_server(
+                    self.proxy, self.admin.handle_admin, server_settings.host, admin_port
+                )
+            except OSError as exc:
+                server.close()
+                raise ConfigError(f"--admin-port {admin_port}: {exc.strerror or exc}") from None
+            log.info("admin endpoints on http://%s:%d", server_settings.host, admin_port)
+        key_files = asyncio.create_task(self.auth.run(), name="key files")
         for source in self.sources:
             task = asyncio.create_task(source.run(), name=source.status.name)
             task.add_done_callback(self._on_source_done)
@@ -110,9 +134,11 @@ class Router:
             server.close()
             if grpc_health is not None:
                 await grpc_health.stop()
-            for task in (*self._source_tasks.values(), prober):
+            for task in (*self._source_tasks.values(), prober, key_files):
                 task.cancel()
-            await asyncio.gather(*self._source_tasks.values(), prober, return_exceptions=True)
+            await asyncio.gather(
+                *self._source_tasks.values(), prober, key_files, return_exceptions=True
+            )
             await self.proxy.close()
 
     async def _drain_unless_hurried(self, server: ClientListener, hurry: asyncio.Event) -> None:
@@ -176,6 +202,7 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     raise_open_file_limit()
-    fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after)
+    fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after, outliers=settings.outlier)
     router = Router(settings, fleet, await build_sources(settings, fleet))
+    loop.add_signal_handler(signal.SIGHUP, router.auth.reload_soon)
     await router.run(stop, hurry)

@@ -22,11 +22,14 @@ from headcount.routing import RoutingName
 
 __all__ = [
     "CLIENT_SHARE_OF_FILES",
+    "AuthSettings",
     "ConfigError",
     "DiscoveryMode",
     "DiscoverySettings",
+    "DnsSettings",
     "HealthSettings",
     "LogFormat",
+    "OutlierSettings",
     "ProbeSettings",
     "ProxySettings",
     "ServerSettings",
@@ -61,6 +64,16 @@ class ServerSettings:
     """Off by default; the standard grpc.health.v1 service for gRPC-probing platforms."""
     log_format: LogFormat = LogFormat.TEXT
     log_level: str = "INFO"
+    admin_port: int | None = None
+    """Off by default (everything on `port`, as before); set, `/engines`, `/metrics` and the
+    health endpoints move to this port, which the Service need not expose, and `port`
+    answers only the OpenAI API."""
+
+    def __post_init__(self) -> None:
+        if self.admin_port and self.admin_port in (self.port, self.grpc_health_port):
+            raise ConfigError(
+                f"--admin-port {self.admin_port} must differ from --port and --grpc-health-port"
+            )
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,9 @@ class ProxySettings:
     parse_worker_memory: int = 1024 * 1024 * 1024
     """Address space one large-body parse may add: real bodies need a few times their size
     (token-id arrays ~7x), hostile nesting ~30x; past it the request gets 413."""
+    first_byte_timeout: float | None = None
+    """Off by default: a long prompt's prefill legitimately takes minutes before the first
+    byte. Set, an attempt with no response byte within it is failed over to another engine."""
 
     def __post_init__(self) -> None:
         if self.max_failovers < 0:
@@ -132,6 +148,8 @@ class ProxySettings:
             )
         if self.parse_workers < 1:
             raise ConfigError("parse_workers must be at least 1")
+        if self.first_byte_timeout is not None:
+            _require_positive(("--first-byte-timeout", self.first_byte_timeout))
 
     def connection_limit(self, open_files: int) -> int:
         """`max_connections`, or its default for a process that may open `open_files` files."""
@@ -202,6 +220,45 @@ class DiscoverySettings:
 
 
 @dataclass(frozen=True)
+class OutlierSettings:
+    """Passive outlier detection (`headcount.outliers`): engines that fail requests while
+    their probes pass leave rotation for a while."""
+
+    consecutive_errors: int = 5
+    """5xx answers or gateway errors in a row that eject an engine (Envoy's default); 0 is off."""
+    base_ejection: float = 30.0
+    """An ejection lasts this times the engine's ejection count (Envoy's default)."""
+    max_ejection: float = 300.0
+    """The longest ejection: an engine that was broken for an hour is retried every 5 min."""
+    max_ejected_percent: float = 50.0
+    """Panic threshold: with more than this share of a model's engines ejected, the model is
+    routed to all of them, as if none were: a partial failure must not become a total one."""
+
+    def __post_init__(self) -> None:
+        if self.consecutive_errors < 0:
+            raise ConfigError("--outlier-consecutive-errors must be 0 (off) or more")
+        _require_positive(("--outlier-base-ejection", self.base_ejection))
+        if self.max_ejection < self.base_ejection:
+            raise ConfigError("--outlier-max-ejection must not be under --outlier-base-ejection")
+        if not 0 <= self.max_ejected_percent <= 100:
+            raise ConfigError("--outlier-max-ejected-percent must be within 0-100")
+
+
+@dataclass(frozen=True)
+class DnsSettings:
+    """How engine host names are looked up, by the proxy and the probes alike (never cached:
+    `headcount._http.resolve`)."""
+
+    timeout: float = 0.5
+    """Cluster DNS answers in milliseconds; a lookup slower than this is a DNS failure (fail
+    over, never eject), not an engine's silence. It must stay under --probe-timeout so that a
+    probe stuck on DNS is reported as such, hence well under a second."""
+
+    def __post_init__(self) -> None:
+        _require_positive(("--dns-timeout", self.timeout))
+
+
+@dataclass(frozen=True)
 class HealthSettings:
     discovery_stale_after: float = 120.0
     """Older discovery makes /health degraded (and /readyz fail with ready_requires_fresh)."""
@@ -217,6 +274,29 @@ class HealthSettings:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    api_keys_file: Path | None = None
+    """Off by default: anyone who reaches the port may use it. Set, the OpenAI API (and
+    `/engines`, `/metrics` unless on `--admin-port`) needs `Authorization: Bearer <key>`
+    with a key from this file (one a line, clear or `sha256:<hex>`)."""
+    engine_api_key_file: Path | None = None
+    """Off by default; for engines started with vLLM's `--api-key`: sent to engines as
+    `Authorization: Bearer` on every probe and forwarded request, replacing the client's."""
+    key_file_check_interval: float = 5.0
+    """How often the key files' identity (inode, size, mtime) is checked; SIGHUP reloads
+    at once. A stat every few seconds costs nothing and rotation needs no signal."""
+
+    def __post_init__(self) -> None:
+        for flag, path in (
+            ("--api-keys-file", self.api_keys_file),
+            ("--engine-api-key-file", self.engine_api_key_file),
+        ):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{flag} {path}: no such file")
+        _require_positive(("key_file_check_interval", self.key_file_check_interval))
+
+
+@dataclass(frozen=True)
 class Settings:
     """The whole router: built from the flags, or in code with the same checks."""
 
@@ -225,10 +305,19 @@ class Settings:
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     health: HealthSettings = field(default_factory=HealthSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    outlier: OutlierSettings = field(default_factory=OutlierSettings)
+    dns: DnsSettings = field(default_factory=DnsSettings)
 
     def __post_init__(self) -> None:
-        """The checks that span parts: a static router needs engines, and in Kubernetes modes
-        liveness must outlast the slowest discovery round."""
+        """The checks that span parts: a lookup ends before the probe that waits on it, a
+        static router needs engines, and in Kubernetes modes liveness must outlast the slowest
+        discovery round."""
+        if self.dns.timeout >= self.probe.timeout:
+            raise ConfigError(
+                f"--dns-timeout {self.dns.timeout:g}s must be under --probe-timeout "
+                f"{self.probe.timeout:g}s: a probe stuck on DNS would blame the engine"
+            )
         discovery, dead_after = self.discovery, self.health.discovery_dead_after
         if discovery.mode is DiscoveryMode.STATIC:
             if not discovery.backends:
@@ -303,6 +392,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every `headcount serve` flag (DESIGN.md §3 is the contract)."""
     server_d, proxy_d, probe_d = ServerSettings(), ProxySettings(), ProbeSettings()
     discovery_d, health_d = DiscoverySettings(), HealthSettings()
+    outlier_d, dns_d = OutlierSettings(), DnsSettings()
     server = parser.add_argument_group("server")
     server.add_argument("--host", default=server_d.host)
     server.add_argument("--port", type=_parse_port, default=server_d.port)
@@ -311,6 +401,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-format", choices=[f.value for f in LogFormat], default=server_d.log_format.value
     )
     server.add_argument("--log-level", default=server_d.log_level)
+    server.add_argument("--admin-port", type=_parse_port, default=server_d.admin_port)
 
     discovery = parser.add_argument_group("discovery")
     discovery.add_argument(
@@ -352,6 +443,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         ("--client-send-timeout", proxy_d.client_send_timeout),
     ):
         proxy.add_argument(flag, type=parse_duration, default=default)
+    proxy.add_argument(
+        "--first-byte-timeout", type=parse_duration, default=proxy_d.first_byte_timeout
+    )
+    proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
+
+    outlier = parser.add_argument_group("outlier detection")
+    outlier.add_argument(
+        "--outlier-consecutive-errors", type=int, default=outlier_d.consecutive_errors
+    )
+    for flag, default in (
+        ("--outlier-base-ejection", outlier_d.base_ejection),
+        ("--outlier-max-ejection", outlier_d.max_ejection),
+    ):
+        outlier.add_argument(flag, type=parse_duration, default=default)
+    outlier.add_argument(
+        "--outlier-max-ejected-percent", type=float, default=outlier_d.max_ejected_percent
+    )
 
     probe = parser.add_argument_group("engine probes")
     probe.add_argument("--probe-interval", type=parse_duration, default=probe_d.interval)
@@ -373,6 +481,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     health.add_argument(
         "--ready-requires-fresh", action="store_true", default=health_d.ready_requires_fresh
     )
+
+    auth_d = AuthSettings()
+    auth = parser.add_argument_group("authentication")
+    auth.add_argument("--api-keys-file", type=Path, default=auth_d.api_keys_file)
+    auth.add_argument("--engine-api-key-file", type=Path, default=auth_d.engine_api_key_file)
 
 
 def settings_from_args(ns: argparse.Namespace) -> Settings:
@@ -400,6 +513,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             grpc_health_port=ns.grpc_health_port,
             log_format=LogFormat(ns.log_format),
             log_level=ns.log_level.upper(),
+            admin_port=ns.admin_port,
         ),
         proxy=ProxySettings(
             routing=RoutingName(ns.routing),
@@ -412,6 +526,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             client_idle_timeout=ns.client_idle_timeout,
             client_header_timeout=ns.client_header_timeout,
             client_send_timeout=ns.client_send_timeout,
+            first_byte_timeout=ns.first_byte_timeout,
         ),
         probe=ProbeSettings(
             interval=ns.probe_interval,
@@ -427,4 +542,14 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             drain_delay=ns.drain_delay,
             drain_timeout=ns.drain_timeout,
         ),
+        auth=AuthSettings(
+            api_keys_file=ns.api_keys_file, engine_api_key_file=ns.engine_api_key_file
+        ),
+        outlier=OutlierSettings(
+            consecutive_errors=ns.outlier_consecutive_errors,
+            base_ejection=ns.outlier_base_ejection,
+            max_ejection=ns.outlier_max_ejection,
+            max_ejected_percent=ns.outlier_max_ejected_percent,
+        ),
+        dns=DnsSettings(timeout=ns.dns_timeout),
     )

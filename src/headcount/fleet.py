@@ -2,18 +2,37 @@
 
 Discovery tells the fleet which engines exist (`reconcile`, `upsert`, `remove`),
 the prober tells it how they are (`apply_probe`), the proxy reports connect
-failures (`eject`). Readers (routing, `/v1/models`, `/engines`, health, metrics)
-take `fleet.snapshot`, an immutable view whose indexes are built once; writers
-mark it stale and the next reader rebuilds it, so a burst of watch events costs
-one rebuild. Removing an engine drops every piece of per-engine state with it.
+failures (`eject`) and errors (`record_error`, which ejects outliers for a
+while: `outliers.py`). Readers (routing, `/v1/models`, `/engines`, health,
+metrics) take `fleet.snapshot`, an immutable view whose indexes are built once;
+writers mark it stale and the next reader rebuilds it, so a burst of watch
+events costs one rebuild, and so does the end of an outlier ejection (the
+snapshot knows when the first one ends). Removing an engine drops every piece
+of per-engine state with it.
+
+Listeners hear every write that changes the engine set or takes an engine out
+of rotation (`FleetChange.left`), so the proxy can fail over requests still
+waiting on it at once.
+
+Over 450 lines on purpose: the engine types, the snapshot and their one writer
+stay together, so that every state an engine can be in, and every way into
+and out of it, reads in one module.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from headcount.clock import Clock
+from headcount.outliers import NOT_EJECTED, Ejection, next_ejection, route_around
+
+if TYPE_CHECKING:
+    from headcount.config import OutlierSettings
 
 __all__ = [
     "Engine",
@@ -25,6 +44,8 @@ __all__ = [
     "ProbeResult",
     "Snapshot",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 class EngineState(enum.StrEnum):
@@ -77,6 +98,8 @@ class EngineLoad:
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
+    consecutive_errors: int = 0
+    """5xx answers and gateway errors in a row (outlier detection); any other answer resets it."""
     running: float = 0.0
     """Scraped `vllm:num_requests_running`: every router's traffic, not only ours."""
     waiting: float = 0.0
@@ -93,6 +116,9 @@ class ProbeResult:
     waiting: float = 0.0
     kv_usage: float | None = None
     error: str | None = None
+    inconclusive: bool = False
+    """The probe failed for the router's own reasons (a failed DNS lookup, no free fd): the
+    error is recorded, the engine's state is left as it was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +131,8 @@ class Engine:
     cards: tuple[Mapping[str, Any], ...] = ()
     probe_failures: int = 0
     last_error: str | None = None
+    ejection: Ejection = NOT_EJECTED
+    """Outlier ejections: out of rotation while active (`Snapshot.ejected`)."""
 
     @property
     def id(self) -> str:
@@ -133,13 +161,34 @@ class Engine:
 
 
 class Snapshot:
-    """An immutable view of the fleet, with its indexes built once."""
+    """An immutable view of the fleet, with its indexes built once.
 
-    __slots__ = ("_by_model", "_known_models", "by_id", "engines", "version")
+    `ejected` are the engines outlier-ejected when it was built; a model with more than
+    `max_ejected_percent` of its routable engines ejected is `panicking` and routed to
+    all of them (100: never).
+    """
 
-    def __init__(self, engines: Iterable[Engine], version: int) -> None:
+    __slots__ = (
+        "_by_model",
+        "_known_models",
+        "by_id",
+        "ejected",
+        "engines",
+        "panicking",
+        "version",
+    )
+
+    def __init__(
+        self,
+        engines: Iterable[Engine],
+        version: int,
+        *,
+        ejected: frozenset[str] = frozenset(),
+        max_ejected_percent: float = 100.0,
+    ) -> None:
         self.engines: tuple[Engine, ...] = tuple(sorted(engines, key=lambda e: e.spec.name))
         self.version = version
+        self.ejected = ejected
         self.by_id: Mapping[str, Engine] = {engine.id: engine for engine in self.engines}
         by_model: dict[str, list[Engine]] = {}
         known: set[str] = set()
@@ -151,13 +200,15 @@ class Snapshot:
             if engine.routable:
                 for model in served:
                     by_model.setdefault(model, []).append(engine)
-        self._by_model: Mapping[str, tuple[Engine, ...]] = {
-            model: tuple(group) for model, group in by_model.items()
-        }
+        self._by_model: Mapping[str, tuple[Engine, ...]]
+        self._by_model, self.panicking = route_around(
+            by_model, lambda engine: engine.id in ejected, max_ejected_percent
+        )
         self._known_models = frozenset(known)
 
     def candidates(self, model: str) -> tuple[Engine, ...]:
-        """Routable engines that serve `model` (a base model or an adapter)."""
+        """Routable engines that serve `model` (a base model or an adapter), outliers left out
+        unless the model is panicking."""
         return self._by_model.get(model, ())
 
     def is_known(self, model: str) -> bool:
@@ -192,6 +243,8 @@ class FleetChange:
     changed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     unchanged: int = 0
+    left: tuple[str, ...] = ()
+    """Engines still known that left rotation: unhealthy, ejected, not ready, asleep, moved."""
 
     @property
     def to_probe(self) -> tuple[str, ...]:
@@ -204,21 +257,39 @@ FleetListener = Callable[[FleetChange], None]
 class Fleet:
     """Owns engine state; every write goes through here, every read through `snapshot`."""
 
-    def __init__(self, *, unhealthy_after: int) -> None:
-        """`unhealthy_after`: consecutive failed probes before a READY engine leaves rotation."""
+    def __init__(
+        self,
+        *,
+        unhealthy_after: int,
+        outliers: OutlierSettings | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        """`unhealthy_after`: consecutive failed probes before a READY engine leaves rotation;
+        `outliers`: when `record_error` ejects an engine and for how long (None: never);
+        `clock` times ejections."""
         self._engines: dict[str, Engine] = {}
         self._unhealthy_after = unhealthy_after
+        self._outliers = outliers
+        self._now = clock
         self._listeners: list[FleetListener] = []
         self._version = 0
         self._snapshot = Snapshot((), 0)
         self._stale = False
+        self._ejection_ends: float | None = None
+        """When the first active ejection ends: the snapshot is rebuilt then."""
+        self._left: list[str] = []
+        """Engines that left rotation since the last publication."""
 
     @property
     def snapshot(self) -> Snapshot:
-        if self._stale:
-            self._snapshot = Snapshot(self._engines.values(), self._version)
-            self._stale = False
+        ends = self._ejection_ends
+        if self._stale or (ends is not None and self._now() >= ends):
+            self._rebuild()
         return self._snapshot
+
+    def now(self) -> float:
+        """The fleet's clock, which times ejections."""
+        return self._now()
 
     def subscribe(self, listener: FleetListener) -> None:
         self._listeners.append(listener)
@@ -265,7 +336,11 @@ class Fleet:
         return frozenset(e.id for e in self._engines.values() if e.spec.source == source)
 
     def apply_probe(self, engine_id: str, result: ProbeResult) -> None:
-        """Record a probe; ignored if the engine was removed while it was being probed."""
+        """Record a probe; ignored if the engine was removed while it was being probed.
+
+        A success after a failed probe also ends an outlier ejection: the engine went down
+        and came back. An inconclusive failure only records its error.
+        """
         engine = self._engines.get(engine_id)
         if engine is None:
             return
@@ -276,13 +351,19 @@ class Fleet:
                 result.waiting,
                 result.kv_usage,
             )
+            ejection = engine.ejection
+            if engine.probe_failures and ejection.active(now := self._now()):
+                ejection = replace(ejection, until=now)
             updated = replace(
                 engine,
                 state=_healthy_state(engine.spec),
                 cards=result.cards,
                 probe_failures=0,
                 last_error=None,
+                ejection=ejection,
             )
+        elif result.inconclusive:
+            updated = replace(engine, last_error=result.error)
         else:
             failures = engine.probe_failures + 1
             state = engine.state
@@ -291,12 +372,42 @@ class Fleet:
             updated = replace(engine, state=state, probe_failures=failures, last_error=result.error)
         if updated != engine:
             self._store(updated)
+            self._publish_left()
 
     def eject(self, engine_id: str, reason: str) -> None:
         """Take an engine out of rotation until its next successful probe (passive health)."""
         engine = self._engines.get(engine_id)
         if engine is not None and engine.state is EngineState.READY:
             self._store(replace(engine, state=EngineState.UNHEALTHY, last_error=reason))
+            self._publish_left()
+
+    def record_error(self, engine_id: str, reason: str) -> bool:
+        """Count a 5xx answer or gateway error (`outliers.REASONS`) against an engine; True
+        when it was ejected for it now. The proxy resets the count on any other answer."""
+        engine = self._engines.get(engine_id)
+        settings = self._outliers
+        if engine is None or settings is None or not settings.consecutive_errors:
+            return False
+        load = engine.load
+        load.consecutive_errors += 1
+        if load.consecutive_errors < settings.consecutive_errors:
+            return False
+        load.consecutive_errors = 0
+        now = self._now()
+        if engine.ejection.active(now):
+            return False  # answers to requests sent before the ejection
+        ejection = next_ejection(engine.ejection, now, reason, settings)
+        _log.warning(
+            "engine %s ejected for %gs (ejection %d): %d errors in a row, the last %s",
+            engine.spec.name,
+            ejection.until - now,
+            ejection.count,
+            settings.consecutive_errors,
+            reason,
+        )
+        self._store(replace(engine, ejection=ejection), ejected=True)
+        self._publish_left()
+        return True
 
     def _put(self, spec: EngineSpec) -> str:
         current = self._engines.get(spec.id)
@@ -312,18 +423,52 @@ class Fleet:
         self._store(replace(current, spec=spec, state=_state_after_change(current, spec)))
         return "changed"
 
-    def _store(self, engine: Engine) -> None:
+    def _store(self, engine: Engine, *, ejected: bool = False) -> None:
+        previous = self._engines.get(engine.id)
         self._engines[engine.id] = engine
         self._version += 1
         self._stale = True
+        if previous is not None and previous.routable and (ejected or not engine.routable):
+            self._left.append(engine.id)
 
     def _publish(self, change: FleetChange) -> FleetChange:
         if change.removed:
             self._version += 1
             self._stale = True
+        if self._left:
+            change = replace(change, left=tuple(dict.fromkeys(self._left)))
+            self._left.clear()
         for listener in self._listeners:
             listener(change)
         return change
+
+    def _publish_left(self) -> None:
+        if self._left:
+            self._publish(FleetChange())
+
+    def _rebuild(self) -> None:
+        """A new snapshot: the outliers ejected now left out, panics and returns logged."""
+        now = self._now()
+        out = [engine for engine in self._engines.values() if engine.ejection.active(now)]
+        ejected = frozenset(engine.id for engine in out)
+        percent = self._outliers.max_ejected_percent if self._outliers is not None else 100.0
+        previous = self._snapshot
+        snapshot = Snapshot(
+            self._engines.values(), self._version, ejected=ejected, max_ejected_percent=percent
+        )
+        self._snapshot, self._stale = snapshot, False
+        self._ejection_ends = min((engine.ejection.until for engine in out), default=None)
+        for engine_id in previous.ejected - ejected:
+            if engine_id in snapshot.by_id:
+                _log.info("engine %s: outlier ejection over", snapshot.by_id[engine_id].spec.name)
+        for model in snapshot.panicking - previous.panicking:
+            _log.warning(
+                "model %s: over %g%% of its engines ejected as outliers; routing to all of them",
+                model,
+                percent,
+            )
+        for model in previous.panicking - snapshot.panicking:
+            _log.info("model %s: no longer panicking, outliers left out again", model)
 
 
 def _state_after_change(current: Engine, spec: EngineSpec) -> EngineState:

@@ -29,7 +29,7 @@ from headcount.health import HealthReport
 
 __all__ = ["GrpcHealthServer"]
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -76,7 +76,7 @@ class _HealthServicer:
         try:
             report = self._report()
         except Exception:
-            log.exception("health report failed: every gRPC health service is NOT_SERVING")
+            _log.exception("health report failed: every gRPC health service is NOT_SERVING")
             return dict.fromkeys(_SERVICES, _NOT_SERVING)
         return {
             service: _SERVING if verdict(report) else _NOT_SERVING
@@ -147,7 +147,7 @@ class GrpcHealthServer:
         await server.start()
         self._server = server
         self._refresher = asyncio.create_task(self._refresh_forever(), name="grpc health refresh")
-        log.info("gRPC health listening on %s (bound port %d)", self._address, port)
+        _log.info("gRPC health listening on %s (bound port %d)", self._address, port)
         return port
 
     async def stop(self, grace: float = 1.0) -> None:

@@ -1,18 +1,19 @@
 """Prometheus metrics: hot-path counters kept cheap, fleet state read at scrape time.
 
 Per-request series (`headcount_requests_total`, the latency histograms,
-failovers) live in a registry and are updated through cached label children.
-Everything that describes the fleet, discovery or the router's own resources
-(`headcount_engines`, `headcount_engine_in_flight`, `headcount_discovery_*`,
-`headcount_local_resource_errors_total`) is computed from a snapshot when
-scraped, so an engine's series disappear with the engine. The text is rendered
-in a worker thread so a scrape never stalls the event loop.
+failovers, outlier ejections, the router's own resource errors) live in a
+registry and are updated through cached label children; those with a fixed
+label set start at zero. Everything that describes the fleet or discovery
+(`headcount_engines`, `headcount_engine_in_flight`,
+`headcount_outlier_ejected_engines`, `headcount_discovery_*`) is computed from
+a snapshot when scraped, so an engine's series disappear with the engine. The
+text is rendered in a worker thread so a scrape never stalls the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,13 +23,18 @@ from prometheus_client.metrics_core import Metric
 
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
+from headcount.outliers import REASONS as OUTLIER_REASONS
 
-__all__ = ["CONTENT_TYPE", "UNKNOWN_MODEL", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LOCAL_RESOURCES", "UNKNOWN_MODEL", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 UNKNOWN_MODEL = "unknown"
 """The `model` label of requests whose model is unknown: client input must not mint series."""
+
+LOCAL_RESOURCES = ("fds", "memory", "buffers", "connections")
+"""The `resource` label of `headcount_local_resource_errors_total` (`connections`: a client
+refused over `--max-connections`)."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -41,15 +47,10 @@ class Metrics:
     """The router's metrics; one instance per process."""
 
     def __init__(
-        self,
-        snapshot: Callable[[], Snapshot],
-        sources: Sequence[SourceStatus] = (),
-        local_errors: Callable[[], Mapping[str, int]] | None = None,
+        self, snapshot: Callable[[], Snapshot], sources: Sequence[SourceStatus] = ()
     ) -> None:
-        """`local_errors()`: the router's own resources running out, counted by resource."""
         self._snapshot = snapshot
         self._sources = sources
-        self._local_errors = local_errors
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "headcount_requests",
@@ -77,7 +78,26 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self._outlier_ejections = Counter(
+            "headcount_outlier_ejections",
+            "Engines ejected for consecutive 5xx answers or gateway errors, by the kind of the "
+            "error that tipped the count.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._local_resource_errors = Counter(
+            "headcount_local_resource_errors",
+            "Operations that failed for want of the router's own resources (fds, memory, "
+            "buffers): never counted against an engine.",
+            ["resource"],
+            registry=self.registry,
+        )
+        for reason in OUTLIER_REASONS:
+            self._outlier_ejections.labels(reason)
+        for resource in LOCAL_RESOURCES:
+            self._local_resource_errors.labels(resource)
         self._children: dict[tuple[str, int], tuple[Counter, Histogram, Histogram]] = {}
+        self._local_watchers: list[Callable[[str], None]] = []
 
     def request_done(self, model: str, code: int, duration: float, ttfb: float | None) -> None:
         children = self._children.get((model, code))
@@ -104,14 +124,24 @@ class Metrics:
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()
 
+    def outlier_ejected(self, reason: str) -> None:
+        self._outlier_ejections.labels(reason).inc()
+
+    def local_resource_error(self, resource: str) -> None:
+        """The router ran out of `resource` (one of `LOCAL_RESOURCES`)."""
+        self._local_resource_errors.labels(resource).inc()
+        for watcher in self._local_watchers:
+            watcher(resource)
+
+    def watch_local_resources(self, watcher: Callable[[str], None]) -> None:
+        """`watcher(resource)` hears of each `local_resource_error` (for `/health`)."""
+        self._local_watchers.append(watcher)
+
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""
         fleet = _FleetCollector(self._snapshot())
         discovery = _DiscoveryCollector([_SourceSample.of(s) for s in self._sources])
-        collectors: list[_Collector] = [self.registry, fleet, discovery]
-        if self._local_errors is not None:
-            collectors.append(_LocalErrorsCollector(dict(self._local_errors())))
-        return await asyncio.to_thread(_render, collectors)
+        return await asyncio.to_thread(_render, [self.registry, fleet, discovery])
 
 
 def _render(sources: list[_Collector]) -> bytes:
@@ -146,22 +176,11 @@ class _FleetCollector:
         for engine in self._snapshot.engines:
             in_flight.add_metric([engine.spec.name], engine.load.in_flight)
         yield in_flight
-
-
-class _LocalErrorsCollector:
-    def __init__(self, counts: dict[str, int]) -> None:
-        self._counts = counts
-
-    def collect(self) -> Iterator[Metric]:
-        errors = CounterMetricFamily(
-            "headcount_local_resource_errors",
-            "The router's own resources running out (file descriptors, the connection limit), "
-            "by resource; never counted against an engine.",
-            labels=["resource"],
+        yield GaugeMetricFamily(
+            "headcount_outlier_ejected_engines",
+            "Engines out of rotation now for an outlier ejection (routed anyway in a panic).",
+            value=len(self._snapshot.ejected),
         )
-        for name, count in sorted(self._counts.items()):
-            errors.add_metric([name], count)
-        yield errors
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,11 @@ bound, each with a timeout, and never more than one at a time per engine, so a
 hung engine costs one timeout and N unreachable engines cost about one timeout,
 not N. `/v1/models` decides health; `/metrics` is optional (an OpenAI-compatible
 server without vLLM's metrics is routed to with unknown load).
+
+Engine host names are looked up as the proxy does (`probe_resolver.py`: never
+cached). A probe that fails for the router's own reasons, a failed lookup
+(`dns: ...`) or no free fd, is recorded as inconclusive: the engine's state is
+left as it was, so a short cluster-DNS outage cannot eject every engine.
 """
 
 from __future__ import annotations
@@ -14,14 +19,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
+from headcount._http.errors import LocalResourceExhausted, LookupFailed, local_resource
+from headcount._http.resolve import Resolver
 from headcount.clock import Sleep
-from headcount.config import ProbeSettings
+from headcount.config import DnsSettings, ProbeSettings
 from headcount.fleet import Engine, Fleet, FleetChange, ProbeResult
+from headcount.probe_resolver import ProbeResolver
 
 __all__ = ["Prober", "parse_model_cards", "parse_vllm_load"]
 
@@ -81,12 +89,22 @@ class Prober:
     """Keeps every engine's probe state current; start with `run()`, stop by cancelling it."""
 
     def __init__(
-        self, fleet: Fleet, settings: ProbeSettings, *, sleep: Sleep = asyncio.sleep
+        self,
+        fleet: Fleet,
+        settings: ProbeSettings,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        headers: Callable[[], Mapping[str, str] | None] = lambda: None,
+        resolver: Resolver | None = None,
     ) -> None:
-        """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time."""
+        """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time.
+        `headers()` is sent with every probe request (the engine key, read at each probe).
+        `resolver` is the proxy's (default: a fresh one with the default `DnsSettings`)."""
+        self._headers = headers
         self._fleet = fleet
         self._settings = settings
         self._sleep = sleep
+        self._resolver = resolver or Resolver(DnsSettings().timeout)
         self._limit = asyncio.Semaphore(settings.concurrency)
         self._probing: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -94,7 +112,12 @@ class Prober:
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self._settings.timeout)
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            use_dns_cache=False,
+            resolver=ProbeResolver(self._resolver),
+            enable_cleanup_closed=True,
+        )
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             self._session = session
             self._probe_ids(tuple(self._fleet.snapshot.by_id))
@@ -159,7 +182,7 @@ class Prober:
             return_exceptions=True,
         )
         if isinstance(models, BaseException):
-            return ProbeResult(ok=False, error=_describe(models, "/v1/models"))
+            return _failed(models, "/v1/models")
         try:
             cards = parse_model_cards(json.loads(models))
         except (ValueError, ProbeError) as exc:
@@ -171,10 +194,29 @@ class Prober:
         return ProbeResult(ok=True, cards=cards, running=running, waiting=waiting, kv_usage=kv)
 
     async def _get(self, session: aiohttp.ClientSession, url: str) -> str:
-        async with session.get(url) as response:
+        async with session.get(url, headers=self._headers()) as response:
             if response.status != 200:
                 raise ProbeError(f"HTTP {response.status}")
             return await response.text()
+
+
+def _failed(exc: BaseException, path: str) -> ProbeResult:
+    """A failed probe; inconclusive when the failure is the router's own, not the engine's."""
+    if isinstance(exc, LookupFailed):
+        return ProbeResult(ok=False, error=f"dns: {exc}", inconclusive=True)
+    resource = _local_resource(exc)
+    if resource is not None:
+        error = f"{path}: the router is out of {resource}: {exc}"
+        return ProbeResult(ok=False, error=error, inconclusive=True)
+    return ProbeResult(ok=False, error=_describe(exc, path))
+
+
+def _local_resource(exc: BaseException) -> str | None:
+    if isinstance(exc, LocalResourceExhausted):
+        return exc.resource
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        exc = exc.os_error
+    return local_resource(exc) if isinstance(exc, OSError) else None
 
 
 def _describe(exc: BaseException, path: str) -> str:

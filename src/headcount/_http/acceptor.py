@@ -25,7 +25,7 @@ import logging
 import socket
 from collections.abc import Callable
 
-from headcount._http.resources import RESOURCE_ERRNOS, LocalResources
+from headcount._http.resources import LocalResources
 
 __all__ = ["ClientListener", "listen"]
 
@@ -85,8 +85,7 @@ class ClientListener:
             except ConnectionAbortedError:
                 continue  # the client gave up while waiting in the backlog
             except OSError as error:
-                if error.errno in RESOURCE_ERRNOS:
-                    self._resources.record_error(error, "accepting a client connection")
+                if self._resources.record_error(error, "accepting a client connection"):
                     self._pause(sock)
                 else:
                     _log.warning("accepting a client connection failed: %s", error)

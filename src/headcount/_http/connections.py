@@ -31,23 +31,29 @@ class ClientConnection(Protocol):
 class ConnectionRegistry:
     """The open client connections of a server and how many exchanges are in flight."""
 
-    __slots__ = ("_connections", "_idle", "_on_full", "active", "bodies", "limit")
+    __slots__ = ("_connections", "_idle", "_on_full", "active", "bodies", "draining", "limit")
 
     def __init__(
         self,
         limit: int = sys.maxsize,
-        body_budget: int = sys.maxsize,
+        body_budget: int | BodyBudget = sys.maxsize,
         on_full: Callable[[], None] | None = None,
     ) -> None:
-        """`on_full()` hears of each connection refused because `limit` were open."""
+        """`body_budget`: bytes, or a budget shared with another registry. `on_full()` hears
+        of each connection refused because `limit` were open."""
         self._connections: set[ClientConnection] = set()
         self._idle: asyncio.Event | None = None
         self._on_full = on_full
         self.limit = limit
-        self.bodies = BodyBudget(body_budget)
+        self.bodies = (
+            body_budget if isinstance(body_budget, BodyBudget) else BodyBudget(body_budget)
+        )
         """Request-body bytes held by all connections together."""
         self.active = 0
         """Requests dispatched and not yet answered (or abandoned by their client)."""
+        self.draining = False
+        """Set by `drain`: a connection that arrives after it (accepted just before the
+        listener closed) answers with `connection: close` too."""
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -74,6 +80,7 @@ class ConnectionRegistry:
 
     def drain(self) -> None:
         """Close idle connections; busy ones close after their current response."""
+        self.draining = True
         for connection in list(self._connections):
             connection.drain()
 

@@ -1,36 +1,38 @@
-"""The router's own resources: the open-file limit raised at start, and running out told apart.
+"""The router's own resources: the open-file limit raised at start, and running out made visible.
 
 Running out of file descriptors (EMFILE, ENFILE), socket buffers (ENOBUFS) or
-memory (ENOMEM), or reaching `--max-connections`, is the router's condition, not
-an engine's: it is counted here by resource (the metric
-`headcount_local_resource_errors_total{resource}`), logged at most once a minute
-per resource, and, for a minute after the last time, named by `problems()` so
-that `/health` says `degraded` and why. Nothing here touches an engine's state.
+memory (ENOMEM), or reaching `--max-connections`, is the router's condition,
+not an engine's. What the client side meets (an accept that fails, a
+connection over the cap) is reported here: logged at most once a minute per
+resource and counted through `count` (the metric
+`headcount_local_resource_errors_total{resource}`). Every such event, wherever
+it was counted (engine connections and probes count theirs in the metric),
+reaches `seen`, so that `problems()` names, for a minute after the last one,
+each resource the router ran out of: `/health` then says `degraded` and why.
+Nothing here touches an engine's state.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-__all__ = ["RESOURCE_ERRNOS", "LocalResources", "raise_open_file_limit"]
+from headcount._http.errors import local_resource
+
+__all__ = ["LocalResources", "raise_open_file_limit"]
 
 _log = logging.getLogger(__name__)
 
-RESOURCE_ERRNOS: Mapping[int, str] = {
-    errno.EMFILE: "fds",
-    errno.ENFILE: "fds",
-    errno.ENOBUFS: "buffers",
-    errno.ENOMEM: "memory",
-}
-"""OS errors that say the router itself ran out of something, by resource label."""
-
-_RESOURCES = ("fds", "connections", "buffers", "memory")
 _WINDOW = 60.0
 """How long one exhaustion stays in `/health`, and the least time between two log lines."""
+_NAMES = {
+    "fds": "file descriptors",
+    "memory": "memory",
+    "buffers": "socket buffers",
+    "connections": "client connections (--max-connections)",
+}
 
 
 def raise_open_file_limit() -> int:
@@ -52,47 +54,57 @@ def raise_open_file_limit() -> int:
 
 
 class LocalResources:
-    """Exhaustion of the router's own resources: counts, rate-limited logs, health reasons."""
+    """The router's own resources running out: rate-limited logs, counts, health reasons."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        count: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`count(resource)` counts one event (and is expected to call `seen`, as the metrics
+        do once watched); None: events are only seen here."""
+        self._count = count
         self._clock = clock
-        self.counts: dict[str, int] = dict.fromkeys(_RESOURCES, 0)
-        """Events by resource since start (the metric)."""
-        self._last: dict[str, tuple[float, str]] = {}
+        self._last: dict[str, float] = {}
         self._logged: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}
 
     def exhausted(self, name: str, detail: str) -> None:
-        """One event of resource `name` running out; `detail` says what failed."""
+        """One event of resource `name` running out on the client side; `detail` says what."""
         now = self._clock()
-        self.counts[name] = self.counts.get(name, 0) + 1
-        self._last[name] = (now, detail)
         logged = self._logged.get(name)
         if logged is not None and now - logged < _WINDOW:
             self._unlogged[name] = self._unlogged.get(name, 0) + 1
-            return
-        self._logged[name] = now
-        more = self._unlogged.pop(name, 0)
-        _log.warning(
-            "local resource exhausted (%s): %s; %d more since the last report",
-            name,
-            detail,
-            more,
-        )
+        else:
+            self._logged[name] = now
+            _log.warning(
+                "local resource exhausted (%s): %s; %d more since the last report",
+                name,
+                detail,
+                self._unlogged.pop(name, 0),
+            )
+        if self._count is not None:
+            self._count(name)
+        else:
+            self.seen(name)
 
     def record_error(self, error: OSError, what: str) -> bool:
-        """Count `error` if it says a local resource ran out; False if it is another error."""
-        name = RESOURCE_ERRNOS.get(error.errno or 0)
+        """Report `error` if it says a local resource ran out; False if it is another error."""
+        name = local_resource(error)
         if name is None:
             return False
         self.exhausted(name, f"{what}: {error.strerror or error}")
         return True
 
+    def seen(self, name: str) -> None:
+        """Resource `name` ran out just now (counted already, wherever that happened)."""
+        self._last[name] = self._clock()
+
     def problems(self) -> list[str]:
         """Why `/health` is degraded: each resource that ran out within the last minute."""
         now = self._clock()
         return [
-            f"router out of {name} {now - at:.0f}s ago ({detail})"
-            for name, (at, detail) in sorted(self._last.items())
+            f"router out of {_NAMES.get(name, name)} {now - at:.0f}s ago"
+            for name, at in sorted(self._last.items())
             if now - at < _WINDOW
         ]

@@ -253,6 +253,7 @@ class HttpServerProtocol(asyncio.Protocol):
             self._queue.append(answers.TOO_MANY_CONNECTIONS)
             self._dispatch_pending()
             return
+        self._draining = self._registry.draining
         self._arm(self._limits.keepalive_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -1,19 +1,11 @@
-"""Keep-alive connections to engines: a pool per engine, one callback per upstream read.
+"""One keep-alive connection to an engine: a request out, exactly one response back.
 
-    pool = upstreams.pool(engine.id, engine.url)   # host and port parsed once per engine
-    connection = pool.take()                       # an idle connection, or None: no Task
-    if connection is None:
-        connection = await pool.connect()          # only new connections need a coroutine
-    connection.send(request_bytes, listener)
-
-The connection then calls `listener.on_response(head, body, complete)` once per
+The connection calls `listener.on_response(head, body, complete)` once per
 upstream read that carried anything (so the proxy writes once per read), and
 `listener.on_upstream_error(error)` at most once, with an `errors.UpstreamError`.
 When a response completes and both sides allow keep-alive, the connection goes
-back to its pool before the listener hears `complete`. Responses may be framed
-by content-length, chunked, or the end of the connection. Idle connections leave
-the pool when the engine closes them, after `idle_timeout`, or when the pool
-closes (its engine left the fleet).
+back to its pool (`pool.py`) before the listener hears `complete`. Responses
+may be framed by content-length, chunked, or the end of the connection.
 
 One request, exactly one relayed response. Interim 1xx responses are dropped
 (RFC 9110 §15.2: no body; a 101 was never asked for and ends the exchange);
@@ -31,16 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable
 from contextlib import suppress
-from typing import Protocol, cast
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
 from headcount._http.errors import (
-    ConnectFailed,
-    ConnectTimeout,
     NoResponse,
     ProtocolViolation,
     StaleConnection,
@@ -49,13 +37,10 @@ from headcount._http.errors import (
     UpstreamTimeout,
 )
 
-__all__ = [
-    "ResponseHead",
-    "ResponseListener",
-    "UpstreamConnection",
-    "UpstreamPool",
-    "Upstreams",
-]
+if TYPE_CHECKING:
+    from headcount._http.pool import UpstreamPool
+
+__all__ = ["ResponseHead", "ResponseListener", "UpstreamConnection"]
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 _KEEPALIVE_TUNING = tuple(
@@ -162,6 +147,11 @@ class UpstreamConnection(asyncio.Protocol):
         self._in_head = False
 
     # -- used by the proxy --------------------------------------------------------------------
+
+    @property
+    def answering(self) -> bool:
+        """Whether any byte of the response to the current request has arrived."""
+        return self._received
 
     def send(self, request: bytes, listener: ResponseListener) -> None:
         """Write a whole request; `listener` hears about its response."""
@@ -374,140 +364,3 @@ class UpstreamConnection(asyncio.Protocol):
                 self._fail(UpstreamTimeout(f"no response byte for {self._pool.read_timeout:g}s"))
             return
         self._timer = self._loop.call_at(min(self._deadline, now + self._pool.tick), self._on_timer)
-
-
-class UpstreamPool:
-    """Keep-alive connections to one engine; the most recently used is reused first."""
-
-    __slots__ = (
-        "_closed",
-        "_idle",
-        "connect_timeout",
-        "host",
-        "host_header",
-        "idle_timeout",
-        "max_head_size",
-        "max_idle",
-        "port",
-        "read_timeout",
-        "tick",
-        "url",
-    )
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        idle_timeout: float,
-        max_idle: int,
-        max_head_size: int,
-    ) -> None:
-        parts = urlsplit(url)
-        self.url = url
-        self.host = parts.hostname or "localhost"
-        self.port = parts.port or 80
-        self.host_header = b"host: %s\r\n" % parts.netloc.encode("idna")
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.idle_timeout = idle_timeout
-        self.tick = min(read_timeout, idle_timeout)
-        self.max_idle = max_idle
-        self.max_head_size = max_head_size
-        self._idle: dict[UpstreamConnection, None] = {}
-        self._closed = False
-
-    @property
-    def idle(self) -> int:
-        return len(self._idle)
-
-    def take(self) -> UpstreamConnection | None:
-        """An idle connection, or None if there is none."""
-        idle = self._idle
-        while idle:
-            connection, _ = idle.popitem()
-            if not connection.closed:
-                return connection
-        return None
-
-    async def connect(self) -> UpstreamConnection:
-        """A new connection, or `ConnectFailed`/`ConnectTimeout` within `connect_timeout`."""
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                _, connection = await loop.create_connection(
-                    lambda: UpstreamConnection(self, loop), self.host, self.port
-                )
-        except TimeoutError:
-            raise ConnectTimeout(f"not accepted within {self.connect_timeout:g}s") from None
-        except OSError as exc:
-            raise ConnectFailed(exc.strerror or str(exc) or type(exc).__name__) from None
-        return connection
-
-    def release(self, connection: UpstreamConnection) -> None:
-        if self._closed or len(self._idle) >= self.max_idle:
-            connection.close()
-        else:
-            self._idle[connection] = None
-
-    def discard(self, connection: UpstreamConnection) -> None:
-        self._idle.pop(connection, None)
-
-    def close(self) -> None:
-        """Close idle connections now; busy ones close when their response ends."""
-        self._closed = True
-        idle = list(self._idle)
-        self._idle.clear()
-        for connection in idle:
-            connection.close()
-
-
-class Upstreams:
-    """One pool per engine id; the proxy drops the pools of engines that left the fleet."""
-
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        idle_timeout: float,
-        max_idle: int,
-        max_head_size: int,
-    ) -> None:
-        """`idle_timeout` closes an idle connection, `max_idle` bounds them per engine;
-        `max_head_size` bounds a response's status line and headers."""
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
-        self._idle_timeout = idle_timeout
-        self._max_idle = max_idle
-        self._max_head_size = max_head_size
-        self._pools: dict[str, UpstreamPool] = {}
-
-    def pool(self, engine_id: str, url: str) -> UpstreamPool:
-        pool = self._pools.get(engine_id)
-        if pool is None or pool.url != url:
-            if pool is not None:
-                pool.close()
-            pool = UpstreamPool(
-                url,
-                connect_timeout=self._connect_timeout,
-                read_timeout=self._read_timeout,
-                idle_timeout=self._idle_timeout,
-                max_idle=self._max_idle,
-                max_head_size=self._max_head_size,
-            )
-            self._pools[engine_id] = pool
-        return pool
-
-    def drop(self, engine_ids: Iterable[str]) -> None:
-        for engine_id in engine_ids:
-            pool = self._pools.pop(engine_id, None)
-            if pool is not None:
-                pool.close()
-
-    def close(self) -> None:
-        self.drop(list(self._pools))
-
-    def __len__(self) -> int:
-        return len(self._pools)

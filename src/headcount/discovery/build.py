@@ -26,7 +26,7 @@ from headcount.fleet import Fleet
 
 __all__ = ["build_k8s_source", "k8s_source", "lister_watcher", "reflector_timing"]
 
-logger = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 
 def reflector_timing(settings: DiscoverySettings) -> ReflectorTiming:
@@ -110,7 +110,7 @@ async def build_k8s_source(settings: DiscoverySettings, fleet: Fleet) -> Discove
     source = k8s_source(
         settings, fleet, lambda resource: lister_watcher(api, resource, namespace, settings)
     )
-    logger.info(
+    _log.info(
         "discovery: %s in namespace %s (label selector %r) via %s at %s",
         settings.mode.value,
         namespace,

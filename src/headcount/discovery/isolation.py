@@ -15,7 +15,7 @@ from headcount.discovery.listwatch import KubeObject, object_key
 
 __all__ = ["Isolation"]
 
-logger = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class Isolation:
         if len(self._logged) >= self._MAX_REMEMBERED:
             self._logged.clear()
         self._logged[uid] = version
-        logger.warning(
+        _log.warning(
             "%s: skipping %s (uid %s, resourceVersion %s): %s",
             self._what,
             _object_name(obj),

@@ -43,7 +43,7 @@ from headcount.discovery.listwatch import KubeObject, WatchEvent
 
 __all__ = ["RESOURCE_PATHS", "KubeListerWatcher"]
 
-logger = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 RESOURCE_PATHS: Mapping[str, str] = {
     "pods": "/api/v1/namespaces/{namespace}/pods",
@@ -176,7 +176,7 @@ class KubeListerWatcher:
                 return
             for line in lines.feed(chunk):
                 yield _parse_event(line, what)
-        logger.debug("%s: the server kept the watch past its timeout; ending it", what)
+        _log.debug("%s: the server kept the watch past its timeout; ending it", what)
 
     async def _read(self, response: aiohttp.ClientResponse, what: str) -> bytes:
         """One read of the stream, bounded by the idle timeout (and only the read)."""

@@ -26,7 +26,7 @@ from headcount.fleet import EngineSpec, Fleet
 
 __all__ = ["PodSource", "pod_to_spec", "reconcile_listed"]
 
-logger = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 
 def pod_to_spec(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec | None:
@@ -83,7 +83,7 @@ def reconcile_listed(fleet: Fleet, status: SourceStatus, specs: list[EngineSpec]
     if not change.removed:
         return
     status.removed_by_relist += len(change.removed)
-    logger.warning(
+    _log.warning(
         "%s: relist removed %d engine(s) the watch had missed: %s",
         status.name,
         len(change.removed),

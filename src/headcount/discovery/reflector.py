@@ -46,7 +46,7 @@ from headcount.discovery.source import SourceStatus
 
 __all__ = ["Reflector", "ReflectorTiming"]
 
-logger = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
@@ -159,7 +159,7 @@ class Reflector:
         status.last_error = None
         self._touch()
         self._trouble.recovered()
-        log = logger.info if first else logger.debug
+        log = _log.info if first else _log.debug
         log(
             "%s: listed %d objects at resourceVersion %s", status.name, len(items), resource_version
         )
@@ -195,12 +195,12 @@ class Reflector:
     def _relist_reason(self, ended_by: Exception | None, lasted: float) -> str:
         name = self.status.name
         if ended_by is None:
-            logger.debug("%s: watch ended after %.1fs; relisting", name, lasted)
+            _log.debug("%s: watch ended after %.1fs; relisting", name, lasted)
             return "watch-ended"
         if _is_expired(ended_by):
-            logger.info("%s: watch history expired (%s); relisting", name, ended_by)
+            _log.info("%s: watch history expired (%s); relisting", name, ended_by)
             return "expired"
-        logger.info("%s: %s; relisting", name, ended_by)  # idle: a stalled or half-open stream
+        _log.info("%s: %s; relisting", name, ended_by)  # idle: a stalled or half-open stream
         return "idle-timeout"
 
     def _handle(self, event: WatchEvent) -> None:
@@ -209,7 +209,7 @@ class Reflector:
         elif event.type != "BOOKMARK":
             if event.type not in self._unknown_types:
                 self._unknown_types.add(event.type)
-                logger.warning(
+                _log.warning(
                     "%s: skipping watch event of unknown type %r", self.status.name, event.type
                 )
             return
@@ -239,7 +239,7 @@ class Reflector:
             back_off.cancel()
             came_back.cancel()
         if came_back.done() and not came_back.cancelled():
-            logger.info("%s: API server answers again; relisting now", self.status.name)
+            _log.info("%s: API server answers again; relisting now", self.status.name)
 
     async def _until_back(self, was_down: bool) -> None:
         """Return once an API server that did not answer answers again.
@@ -340,9 +340,9 @@ class _Trouble:
         self._attempts += 1
         since = now - self._failing_since
         if message == self._last_message and now - self._last_warning < self._remind_every:
-            logger.debug("%s: %s (attempt %d)", self._name, message, self._attempts)
+            _log.debug("%s: %s (attempt %d)", self._name, message, self._attempts)
             return
-        logger.warning(
+        _log.warning(
             "%s: %s (%d failed attempts in %.1fs; retrying with back-off)",
             self._name,
             message,
@@ -358,7 +358,7 @@ class _Trouble:
         if self._failing_since is None:
             return
         since = self._clock() - self._failing_since
-        log = logger.info if self._warned else logger.debug
+        log = _log.info if self._warned else _log.debug
         log("%s: recovered after %d failed attempts in %.1fs", self._name, self._attempts, since)
         self._failing_since = None
         self._warned = False

@@ -28,7 +28,7 @@ from headcount.fleet import EngineSpec, Fleet
 
 __all__ = ["SERVICE_NAME_LABEL", "ServiceSource", "service_to_spec", "unroutable_reason"]
 
-logger = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 """The label that ties an EndpointSlice to its Service."""

@@ -1,7 +1,8 @@
 """The data plane: accept clients, proxy inference requests, answer the rest locally.
 
-    proxy = Proxy(fleet, policy, settings.proxy, metrics, local=admin.handle)
+    proxy = Proxy(fleet, policy, settings.proxy, metrics, admin.handle_api, auth.credentials)
     server = await start_server(proxy, "0.0.0.0", 8080)
+    await start_local_server(proxy, admin.handle_admin, "0.0.0.0", 9090)  # --admin-port
     ...
     proxy.begin_drain()                  # stop accepting, close idle keep-alive connections
     await proxy.wait_idle(timeout=30)    # in-flight exchanges finish
@@ -10,21 +11,34 @@
 `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` are proxied:
 `admission.admit` picks the engine (or the error to answer), and an `Exchange`
 carries the request to its end. A body over `inline_parse_max` is read by a
-worker process first (`parsepool.py`), so that no body stalls the loop.
-Clients are accepted by `_http/acceptor.py` (running out of descriptors is
-counted in `resources`, never blamed on an engine). Every other request goes to the `LocalHandler`
-(`/v1/models`, `/engines`, health, metrics), none of which is hot.
+worker process first (`parsepool.py`), so that no body stalls the loop. Every
+other request goes to the `LocalHandler` (`/v1/models`, `/engines`, health,
+metrics), none of which is hot. Clients are accepted by `_http/acceptor.py` on
+both listeners: running out of descriptors is counted in `resources`, never
+blamed on an engine.
 
-The request goes out with hop-by-hop headers dropped, `host` set to the engine
-and an `x-request-id` (the client's, or a new one), which also comes back on
-the response (`headers.py`). The answer streams back as it arrives, one client
-write per upstream read.
+With client keys (`Credentials.client_keys`), every request but the health
+endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
+`Authorization: Bearer <key>`, else 401 with `www-authenticate: Bearer`.
+`start_local_server` opens a second listener (the admin port) that serves only
+a `LocalHandler`, with no key; it stays open through the drain, so probes and
+scrapes are answered until the process ends.
 
-Errors are OpenAI-shaped JSON (`errors.py`): 400 bad JSON or no `model`, 404
-unknown model, 413 body too large, 503 no routable engine (or, from the HTTP
-layer, too many connections or request bodies held), 502/504 after
-failover, 500 for a bug in the router (logged once; no stack trace reaches a
-client).
+The proxy keeps, per engine, the exchanges still waiting for its first byte;
+when the fleet says an engine left rotation or the fleet, those fail over at
+once (`Exchange.engine_left`) instead of waiting out `--read-timeout`.
+
+The request goes out with hop-by-hop headers dropped, `host` set to the engine,
+the engine key in place of the client's `Authorization` when keys are
+configured, and an `x-request-id` (the client's, or a new one), which also
+comes back on the response (`headers.py`). The answer streams back as it
+arrives, one client write per upstream read.
+
+Errors are OpenAI-shaped JSON (`errors.py`): 401 no or wrong key, 400 bad JSON
+or no `model`, 404 unknown model, 413 body too large, 503 no routable engine
+(or, from the HTTP layer, too many connections or request bodies held), 502/504
+after failover, 500 for a bug in the router (logged once; no stack trace
+reaches a client).
 """
 
 from __future__ import annotations
@@ -40,24 +54,34 @@ from headcount._http.acceptor import ClientListener, listen
 from headcount._http.connections import ConnectionRegistry
 from headcount._http.handler import Request, Responder
 from headcount._http.local import LocalHandler, TaskExchange, serve_local
+from headcount._http.pool import Dial, PoolOptions, Upstreams
+from headcount._http.resolve import Resolver
 from headcount._http.resources import LocalResources
 from headcount._http.server import HttpServerProtocol, ServerLimits
-from headcount._http.upstream import Upstreams
 from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER
-from headcount.config import ProxySettings
+from headcount.auth import Credentials
+from headcount.auth.keys import bearer_token
+from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
-from headcount.metrics import Metrics
+from headcount.metrics import UNKNOWN_MODEL, Metrics
 from headcount.proxy.admission import Admitted, Refused, admit, admit_read
+from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
 from headcount.proxy.parsepool import ParsePool
 from headcount.routing import Policy
 
-__all__ = ["Proxy", "start_server"]
+__all__ = ["Proxy", "start_local_server", "start_server"]
 
 _log = logging.getLogger(__name__)
 
 _PROXIED = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
+_OPEN_PATHS = frozenset({b"/livez", b"/readyz", b"/health"})
+_OPEN_PREFIXES = (b"/livez/", b"/readyz/")
+"""The health endpoints: kubelet probes carry no key."""
+_MISSING_KEY = Refused(MISSING_API_KEY, UNKNOWN_MODEL)
+_INVALID_KEY = Refused(INVALID_API_KEY, UNKNOWN_MODEL)
+_UNAUTHORIZED_HEADERS = JSON_HEADER + b"www-authenticate: Bearer\r\n"
 
 
 class Proxy:
@@ -70,14 +94,26 @@ class Proxy:
         settings: ProxySettings,
         metrics: Metrics,
         local: LocalHandler,
+        credentials: Credentials | None = None,
+        *,
+        resolver: Resolver | None = None,
+        dial: Dial | None = None,
         resources: LocalResources | None = None,
     ) -> None:
-        """`resources` hears of the router's own resources running out (a private one if None)."""
+        """`credentials` None: no key needed, the client's `Authorization` passes through.
+        `resolver` looks engine host names up (shared with the probes; default: a fresh one
+        with the default `DnsSettings`), `dial` opens engine connections (tests inject here).
+        `resources` hears of the router's own resources running out (None: one counting into
+        `metrics` and seeing what they count)."""
         self.fleet = fleet
         self.policy = policy
         self.metrics = metrics
-        self.resources = resources or LocalResources()
+        if resources is None:
+            resources = LocalResources(count=metrics.local_resource_error)
+            metrics.watch_local_resources(resources.seen)
+        self.resources = resources
         self._local = local
+        self._credentials = credentials or Credentials()
         self.limits = ServerLimits(
             max_header_size=settings.max_header_size,
             max_body_size=settings.max_body_size,
@@ -89,12 +125,17 @@ class Proxy:
         self._inline_parse_max = settings.inline_parse_max
         self._parser = ParsePool(settings.parse_workers, settings.parse_worker_memory)
         self.upstreams = Upstreams(
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-            idle_timeout=settings.pool_idle_timeout,
-            max_idle=settings.pool_max_idle,
-            max_head_size=settings.max_header_size,
+            PoolOptions(
+                connect_timeout=settings.connect_timeout,
+                read_timeout=settings.read_timeout,
+                idle_timeout=settings.pool_idle_timeout,
+                max_idle=settings.pool_max_idle,
+                max_head_size=settings.max_header_size,
+                resolver=resolver or Resolver(DnsSettings().timeout),
+                dial=dial,
+            )
         )
+        self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
             policy=policy,
@@ -102,6 +143,8 @@ class Proxy:
             metrics=metrics,
             max_failovers=settings.max_failovers,
             spawn=self._spawn,
+            waiting=self._waiting,
+            first_byte_timeout=settings.first_byte_timeout,
         )
         limit = settings.connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._connections = ConnectionRegistry(
@@ -112,6 +155,9 @@ class Proxy:
             ),
         )
         self._servers: list[ClientListener] = []
+        # The admin port's connections: no cap of their own, the same body budget.
+        self._local_connections = ConnectionRegistry(body_budget=self._connections.bodies)
+        self._local_servers: list[ClientListener] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._id_prefix = os.urandom(6).hex().encode() + b"-"
@@ -128,6 +174,11 @@ class Proxy:
         """The open client connections, their limit and the request-body bytes they hold."""
         return self._connections
 
+    @property
+    def awaiting_first_byte(self) -> int:
+        """Proxied requests whose current attempt has no response byte yet."""
+        return sum(len(exchanges) for exchanges in self._waiting.values())
+
     def begin_drain(self) -> None:
         """Stop accepting; close idle client connections, the others after their response."""
         for server in self._servers:
@@ -140,9 +191,10 @@ class Proxy:
 
     async def close(self) -> None:
         """Drop every client connection and upstream pool; in-flight requests are abandoned."""
-        for server in self._servers:
+        for server in (*self._servers, *self._local_servers):
             server.close()
         self._connections.close()
+        self._local_connections.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -160,12 +212,33 @@ class Proxy:
             self.handle, self.limits, self._connections, loop, self.metrics.rejected
         )
 
+    def local_protocol(
+        self, loop: asyncio.AbstractEventLoop, local: LocalHandler
+    ) -> HttpServerProtocol:
+        """A protocol for one connection of a listener that only `local` answers, with no key."""
+
+        def handle(request: Request, responder: Responder) -> None:
+            serve_local(local, request, responder, self._spawn)
+
+        return HttpServerProtocol(handle, self.limits, self._local_connections, loop)
+
     def _attach_server(self, server: ClientListener) -> None:
         self._servers.append(server)
 
     def _on_fleet_change(self, change: FleetChange) -> None:
+        if change.removed or change.left:
+            self._engines_left(change)
         if change.removed:
             self.upstreams.drop(change.removed)
+
+    def _engines_left(self, change: FleetChange) -> None:
+        """Requests waiting for a first byte from an engine that left fail over now."""
+        snapshot = self.fleet.snapshot
+        for removed, engine_ids in ((True, change.removed), (False, change.left)):
+            for engine_id in engine_ids:
+                waiting = (self._waiting.pop if removed else self._waiting.get)(engine_id, None)
+                for exchange in list(waiting or ()):
+                    exchange.engine_left(snapshot, removed)
 
     def _spawn(self, awaitable: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(awaitable)
@@ -179,11 +252,24 @@ class Proxy:
     # -- requests -----------------------------------------------------------------------------
 
     def handle(self, request: Request, responder: Responder) -> None:
-        """The server's `RequestHandler`: proxy inference requests, hand the rest to `local`."""
-        if request.method == b"POST" and request.path in _PROXIED:
-            self._forward(request, responder)
-        else:
+        """The server's `RequestHandler`: proxy inference requests, hand the rest to `local`;
+        with client keys, only requests bearing one (or for a health endpoint)."""
+        keys = self._credentials.client_keys
+        path = request.path
+        if request.method == b"POST" and path in _PROXIED:
+            if keys is None or keys.admits(request.headers):
+                self._forward(request, responder)
+            else:
+                self._unauthorized(request, responder)
+        elif (
+            keys is None
+            or path in _OPEN_PATHS
+            or path.startswith(_OPEN_PREFIXES)
+            or keys.admits(request.headers)
+        ):
             serve_local(self._local, request, responder, self._spawn)
+        else:
+            self._unauthorized(request, responder)
 
     def _forward(self, request: Request, responder: Responder) -> None:
         loop = self._loop or asyncio.get_running_loop()
@@ -223,7 +309,8 @@ class Proxy:
             self._refuse(request, responder, decision, started)
             return
         line = b"POST %s HTTP/1.1\r\n" % request.target
-        tail, request_id = forward_headers(request.headers, len(request.body))
+        authorization = self._credentials.forward_authorization
+        tail, request_id = forward_headers(request.headers, len(request.body), authorization)
         if request_id is None:
             request_id = self._new_request_id()
             tail = b"x-request-id: %s\r\n%s" % (request_id, tail)
@@ -234,12 +321,22 @@ class Proxy:
         responder.attach(exchange)
         exchange.begin(decision.engine)
 
+    def _unauthorized(self, request: Request, responder: Responder) -> None:
+        refused = _MISSING_KEY if bearer_token(request.headers) is None else _INVALID_KEY
+        loop = self._loop or asyncio.get_running_loop()
+        self._refuse(request, responder, refused, loop.time(), _UNAUTHORIZED_HEADERS)
+
     def _refuse(
-        self, request: Request, responder: Responder, refused: Refused, started: float
+        self,
+        request: Request,
+        responder: Responder,
+        refused: Refused,
+        started: float,
+        headers: bytes = JSON_HEADER,
     ) -> None:
         status, body = refused.answer
         request_id = find_header(request.headers, b"x-request-id") or self._new_request_id()
-        responder.respond(status, JSON_HEADER + b"x-request-id: %s\r\n" % request_id, body)
+        responder.respond(status, headers + b"x-request-id: %s\r\n" % request_id, body)
         loop = self._loop or asyncio.get_running_loop()
         self.metrics.request_done(refused.label, status, loop.time() - started, None)
 
@@ -258,4 +355,15 @@ async def start_server(
         backlog=backlog,
     )
     proxy._attach_server(server)
+    return server
+
+
+async def start_local_server(
+    proxy: Proxy, local: LocalHandler, host: str, port: int
+) -> ClientListener:
+    """Listen for requests only `local` answers, with no key (the admin port); closed by
+    `proxy.close()`, not by the drain."""
+    loop = asyncio.get_running_loop()
+    server = await listen(host, port, lambda: proxy.local_protocol(loop, local), proxy.resources)
+    proxy._local_servers.append(server)
     return server

@@ -18,12 +18,15 @@ __all__ = [
     "BODY_TOO_COMPLEX",
     "BODY_UNREADABLE_NOW",
     "INTERNAL_ERROR",
+    "INVALID_API_KEY",
     "INVALID_JSON",
     "JSON_TOO_DEEP",
+    "MISSING_API_KEY",
     "MISSING_MODEL",
     "NOT_AN_OBJECT",
     "ErrorAnswer",
     "no_engine",
+    "overloaded",
     "unroutable",
     "upstream_failed",
     "upstream_timed_out",
@@ -63,10 +66,23 @@ BODY_TOO_COMPLEX = _answer(
 BODY_UNREADABLE_NOW = _answer(
     503, "the router could not read the request body right now", "service_unavailable", "overloaded"
 )
+MISSING_API_KEY = _answer(
+    401,
+    "no API key: send it as `Authorization: Bearer <key>`",
+    "invalid_request_error",
+    "invalid_api_key",
+)
+INVALID_API_KEY = _answer(401, "invalid API key", "invalid_request_error", "invalid_api_key")
+"""Never quotes the key presented."""
 
 
 def no_engine(message: str) -> ErrorAnswer:
     return _answer(503, message, "service_unavailable", "no_engine_available")
+
+
+def overloaded(message: str) -> ErrorAnswer:
+    """The router itself is out of a resource: no engine is to blame, try again later."""
+    return _answer(503, message, "service_unavailable", "overloaded")
 
 
 def upstream_timed_out(detail: str, tried: int) -> ErrorAnswer:
@@ -98,7 +114,8 @@ def unroutable(snapshot: Snapshot, model: str) -> tuple[ErrorAnswer, str]:
     ]
     states: dict[str, int] = {}
     for engine in serving:
-        states[engine.state.value] = states.get(engine.state.value, 0) + 1
+        state = "ejected" if engine.id in snapshot.ejected else engine.state.value
+        states[state] = states.get(state, 0) + 1
     summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
     message = f"no routable engine serves model `{model}` right now (engines: {summary})"
     return no_engine(message), model

@@ -2,12 +2,23 @@
 
 Failure before the first response byte is retried on a different engine, at
 most `max_failovers` times: a connect failure (which also ejects the engine
-until a probe revives it), a connection closed before any byte, or a 502/503
-from the engine. A stale pooled connection is retried once on a fresh
-connection to the same engine, not counted as a failover. After the first byte
-nothing is retried; a broken stream closes the client connection, its chunked
-body left unterminated. Every attempt holds `engine.load.in_flight` from
-routing to its end, released at a single point (`Exchange._release`).
+until a probe revives it), a connection closed before any byte, a 502/503
+from the engine, a failed DNS lookup, no byte within `first_byte_timeout`
+(when set), or the engine leaving rotation or the fleet while the attempt
+waits (`engine_left`: a request never waits on an engine known to be dead). A
+stale pooled connection is retried once on a fresh connection to the same
+engine, not counted as a failover. After the first byte nothing is retried; a
+broken stream closes the client connection, its chunked body left
+unterminated. The router's own exhaustion (no fd for a connection) is answered
+503 at once and counted against no engine.
+
+Every attempt holds `engine.load.in_flight` from routing to its end, released
+at a single point (`Exchange._release`), and sits in its engine's entry of
+`ExchangeContext.waiting` until its first response byte, so the proxy finds
+the exchanges an engine's departure concerns without scanning the others.
+Each answer feeds outlier detection: a 5xx or a gateway error (a broken
+stream included) counts against the engine (`Fleet.record_error`), any other
+answer, once whole, resets its count.
 
 An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
 """
@@ -20,20 +31,28 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from headcount._http.errors import (
+    Abandoned,
     ConnectFailed,
+    FirstByteTimeout,
+    LocalResourceExhausted,
+    LookupFailed,
     NoResponse,
     StaleConnection,
     UpstreamError,
     UpstreamTimeout,
 )
 from headcount._http.handler import Responder
-from headcount._http.upstream import ResponseHead, UpstreamConnection, UpstreamPool, Upstreams
+from headcount._http.pool import UpstreamPool, Upstreams
+from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
-from headcount.fleet import Engine, Fleet
+from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.metrics import Metrics
+from headcount.outliers import GATEWAY_ERROR, HTTP_5XX
 from headcount.proxy.errors import (
     INTERNAL_ERROR,
     ErrorAnswer,
+    overloaded,
+    unroutable,
     upstream_failed,
     upstream_timed_out,
 )
@@ -48,6 +67,10 @@ _FAILOVER_STATUSES = frozenset({502, 503})
 _FAILOVER_REASONS = {status: f"http_{status}" for status in _FAILOVER_STATUSES}
 CLIENT_CLOSED = 499
 """Recorded in metrics when the client leaves first (nginx's convention); never sent."""
+_FAILOVER_ERRORS = (ConnectFailed, NoResponse, FirstByteTimeout, Abandoned, LookupFailed)
+_BLAMELESS = (Abandoned, LookupFailed)
+"""Failures that say nothing against the engine: not counted, never eject."""
+_RESOURCE_NAMES = {"fds": "file descriptors"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +85,10 @@ class ExchangeContext:
     max_failovers: int
     spawn: Callable[[Awaitable[None]], asyncio.Task[None]]
     """Runs a connect attempt as a task the proxy cancels on close."""
+    waiting: dict[str, dict[Exchange, None]]
+    """Per engine id, the exchanges whose attempt there has no response byte yet: the proxy
+    tells them when their engine leaves (`engine_left`). Insertion-ordered dicts as sets."""
+    first_byte_timeout: float | None
 
 
 class Exchange:
@@ -88,8 +115,10 @@ class Exchange:
         "_started",
         "_status",
         "_task",
+        "_timer",
         "_tried",
         "_ttfb",
+        "_waiting_in",
         "_wire",
     )
 
@@ -122,6 +151,8 @@ class Exchange:
         self._done = False
         self._status = 0
         self._ttfb: float | None = None
+        self._waiting_in: dict[Exchange, None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -134,7 +165,15 @@ class Exchange:
         load = engine.load
         load.in_flight += 1
         load.requests += 1
-        pool = self._context.upstreams.pool(engine.id, engine.url)
+        context = self._context
+        waiting = context.waiting.get(engine.id)
+        if waiting is None:
+            waiting = context.waiting[engine.id] = {}
+        waiting[self] = None
+        self._waiting_in = waiting
+        if context.first_byte_timeout is not None:
+            self._timer = self._loop.call_later(context.first_byte_timeout, self._first_byte_late)
+        pool = context.upstreams.pool(engine.id, engine.url)
         conn = None if fresh else pool.take()
         if conn is None:
             self._task = self._context.spawn(self._open(pool))
@@ -185,10 +224,71 @@ class Exchange:
         if engine is None:
             return
         self._engine = None
+        self._unwait()
         load = engine.load
         load.in_flight -= 1
         if failed:
             load.failures += 1
+
+    def _unwait(self) -> None:
+        """The attempt waits for a first byte no more: out of the waiting set, timer off."""
+        waiting = self._waiting_in
+        if waiting is not None:
+            self._waiting_in = None
+            waiting.pop(self, None)
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            timer.cancel()
+
+    def _answered(self, engine: Engine, status: int) -> None:
+        """The first response byte: no more waiting; a 5xx counts against the engine (any
+        other answer resets the count once it is whole: a stream may still break)."""
+        self._unwait()
+        if status >= 500:
+            self._count_error(engine, HTTP_5XX)
+
+    def _count_error(self, engine: Engine, reason: str) -> None:
+        if self._context.fleet.record_error(engine.id, reason):
+            self._context.metrics.outlier_ejected(reason)
+
+    # -- giving up on a silent engine ---------------------------------------------------------
+
+    def engine_left(self, snapshot: Snapshot, removed: bool) -> None:
+        """The engine this attempt waits on left rotation (or the fleet, when `removed`):
+        fail over now, unless it is still a candidate for the model (panic routing) or its
+        answer has begun to arrive."""
+        engine = self._engine
+        if self._done or engine is None or self._waiting_in is None:
+            return
+        if not removed and any(
+            candidate.id == engine.id for candidate in snapshot.candidates(self._features.model)
+        ):
+            return
+        what = "left the fleet" if removed else "left rotation"
+        reason = "engine_removed" if removed else "engine_left_rotation"
+        self._abandon(Abandoned(f"engine {engine.spec.name} {what} before answering", reason))
+
+    def _first_byte_late(self) -> None:
+        self._timer = None
+        if self._done or self._waiting_in is None:
+            return
+        timeout = self._context.first_byte_timeout
+        self._abandon(FirstByteTimeout(f"no response byte within {timeout:g}s"))
+
+    def _abandon(self, error: UpstreamError) -> None:
+        """Stop waiting on the current attempt (connecting or sent) and recover from `error`."""
+        conn = self._conn
+        if conn is not None and conn.answering:
+            return  # bytes are arriving: the read timeout governs from here
+        task = self._task
+        if task is not None:
+            self._task = None
+            task.cancel()
+        if conn is not None:
+            self._conn = None
+            conn.cancel()
+        self.on_upstream_error(error)
 
     # -- ResponseListener ---------------------------------------------------------------------
 
@@ -211,13 +311,20 @@ class Exchange:
                     head.status, head.reason, block, head.content_length, body, complete
                 )
             if complete:
+                engine = self._engine
+                if engine is not None and self._status < 500:
+                    engine.load.consecutive_errors = 0  # a whole answer: the engine works
                 self._release(failed=False)
                 self._end(self._status)
         except Exception:
             self._crash()
 
     def _failed_over(self, head: ResponseHead, complete: bool) -> bool:
-        """An engine answering 502/503 did no work: try another, if one is left."""
+        """The head is here: the attempt waits no more, and its status feeds outlier detection.
+        An engine answering 502/503 did no work: True when another engine takes the request."""
+        engine = self._engine
+        if engine is not None:
+            self._answered(engine, head.status)
         if head.status not in _FAILOVER_STATUSES:
             return False
         engine = self._next_engine()
@@ -243,30 +350,43 @@ class Exchange:
 
     def _recover(self, error: UpstreamError) -> None:
         engine = self._engine
+        if engine is None:
+            raise RuntimeError("upstream error with no engine attempted")
+        context = self._context
         if self._head_sent:
             self._release(failed=True)
+            self._count_error(engine, GATEWAY_ERROR)
             self._responder.abort()
             self._end(502)  # the client saw a status already; the metric records the failure
             return
-        if engine is None:
-            raise RuntimeError("upstream error with no engine attempted")
         if isinstance(error, StaleConnection) and not self._stale_retried:
             self._stale_retried = True
             self._release(failed=False)
             self._attempt(engine, fresh=True)
             return
-        self._release(failed=True)
-        if isinstance(error, ConnectFailed):
-            self._context.fleet.eject(engine.id, f"connect failed: {error}")
-        if isinstance(error, ConnectFailed | NoResponse):
+        if isinstance(error, LocalResourceExhausted):
+            self._release(failed=False)  # the router's trouble: no engine is blamed or tried
+            context.metrics.local_resource_error(error.resource)
+            resource = _RESOURCE_NAMES.get(error.resource, error.resource)
+            self._fail(overloaded(f"the router is out of {resource} ({error}); retry later"))
+            return
+        blamed = not isinstance(error, _BLAMELESS)
+        self._release(failed=blamed)
+        if blamed:
+            if isinstance(error, ConnectFailed):
+                context.fleet.eject(engine.id, f"connect failed: {error}")
+            self._count_error(engine, GATEWAY_ERROR)
+        if isinstance(error, _FAILOVER_ERRORS):
             retry = self._next_engine()
             if retry is not None:
-                self._context.metrics.failover(error.reason)
+                context.metrics.failover(error.reason)
                 self._attempt(retry, fresh=False)
                 return
-        tries = len(self._tried)
+        tries, model = len(self._tried), self._features.model
         if isinstance(error, UpstreamTimeout):
             self._fail(upstream_timed_out(str(error), tries))
+        elif isinstance(error, Abandoned) and not context.fleet.snapshot.candidates(model):
+            self._fail(unroutable(context.fleet.snapshot, model)[0])  # 503: none left at all
         else:
             self._fail(upstream_failed(error.reason, str(error), tries))
 

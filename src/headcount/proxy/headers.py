@@ -4,7 +4,9 @@ A proxy must not forward what describes one connection (RFC 9110 §7.6.1):
 `hop-by-hop` headers, any `proxy-*` header and whatever the `Connection` header
 names. Framing (`content-length`, `transfer-encoding`) is redone on each side.
 The engine gets `host` for itself (added per pool) and an `x-request-id`; the
-client gets the same id back.
+client gets the same id back. When the router has keys of its own, the
+client's `Authorization` (the router's key) never reaches an engine: it is
+dropped, and the engine key, if any, is sent in its place.
 """
 
 from __future__ import annotations
@@ -14,14 +16,25 @@ from headcount._http.wire import HOP_BY_HOP, connection_tokens
 __all__ = ["find_header", "forward_headers", "response_headers"]
 
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+_REQUEST_DROP_AUTHORIZATION = _REQUEST_DROP | {b"authorization"}
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 
 
-def forward_headers(headers: list[tuple[bytes, bytes]], length: int) -> tuple[bytes, bytes | None]:
-    """Rendered headers for the engine, framing and blank line included, and the request id."""
+def forward_headers(
+    headers: list[tuple[bytes, bytes]], length: int, authorization: bytes | None = None
+) -> tuple[bytes, bytes | None]:
+    """Rendered headers for the engine, framing and blank line included, and the request id.
+
+    `authorization` None: the client's `Authorization` passes through; otherwise it is
+    dropped and this rendered line (possibly empty) sent instead.
+    """
     parts: list[bytes] = []
+    drop = _REQUEST_DROP
+    if authorization is not None:
+        drop = _REQUEST_DROP_AUTHORIZATION
+        parts.append(authorization)
     request_id: bytes | None = None
-    for name, value in _end_to_end(headers, _REQUEST_DROP):
+    for name, value in _end_to_end(headers, drop):
         if name == b"x-request-id":
             request_id = value
         parts += (name, b": ", value, b"\r\n")

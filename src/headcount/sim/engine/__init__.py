@@ -26,6 +26,10 @@ Failure modes (`FailMode`), switchable at runtime, also over `POST /sim/fail-mod
 - `http-500`: every `/v1/` endpoint answers 500 with an OpenAI-shaped error;
   `/health` and `/metrics` still answer, like an engine whose model is broken.
 
+With `api_key` (vLLM's `--api-key`) every `/v1/` request needs
+`Authorization: Bearer <key>` and gets 401 without it; `/health`, `/metrics`
+and `/sim/` stay open.
+
 The admin API under `/sim/` (`fail-mode`, `adapters`, `stats`) ignores every
 failure mode but `refuse`, which can only be undone in-process. Every response
 carries `x-engine-name` and echoes `x-request-id`; JSON completions also name

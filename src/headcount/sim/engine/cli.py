@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expose vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc",
     )
     parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument(
+        "--api-key",
+        default=defaults.api_key,
+        help="as vLLM's: /v1/ requests need `Authorization: Bearer KEY` (default: open)",
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
@@ -75,6 +80,7 @@ def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
         name=ns.name,
         legacy_metrics=ns.legacy_metrics,
         max_model_len=ns.max_model_len,
+        api_key=ns.api_key,
     )
 
 

@@ -32,6 +32,8 @@ class EngineSimConfig:
     legacy_metrics: bool = False
     """Expose `vllm:gpu_cache_usage_perc` (vLLM v0) instead of `vllm:kv_cache_usage_perc`."""
     max_model_len: int = 4096
+    api_key: str | None = None
+    """As vLLM's `--api-key`: `/v1/` requests need `Authorization: Bearer <key>`. None: open."""
 
     def __post_init__(self) -> None:
         if self.fail_mode not in FAIL_MODES:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from headcount.sim.engine.admin import SimAdmin
+from headcount.sim.engine.apikey import require_api_key
 from headcount.sim.engine.config import EngineSimConfig, FailMode
 from headcount.sim.engine.openai import OpenAiApi
 from headcount.sim.engine.probes import Probes
@@ -80,6 +81,8 @@ class SimEngine:
 
     async def _start(self) -> None:
         app = web.Application()
+        if self.config.api_key is not None:
+            app.middlewares.append(require_api_key(self.config.api_key, self._state))
         app.on_response_prepare.append(self._stamp_headers)
         app.add_routes(
             [

@@ -33,6 +33,8 @@ class EngineState:
         self.idle = asyncio.Event()
         self.idle.set()
         self.disconnects = 0
+        self.unauthorized = 0
+        """`/v1/` requests refused for a missing or wrong key (`api_key`)."""
         self.stopping = False
 
     @contextlib.contextmanager
@@ -66,4 +68,5 @@ class EngineState:
             "running": self.scheduler.running,
             "waiting": self.scheduler.waiting,
             "disconnects": self.disconnects,
+            "unauthorized": self.unauthorized,
         }

@@ -1,0 +1,138 @@
+"""API keys as the router holds them: SHA-256 digests checked in constant time, never the keys.
+
+A client key file holds one key per line, in clear or as `sha256:<64 hex>` (so
+the file itself need not hold a secret), with blank lines and `#` comments;
+either way only the digest is kept. `ApiKeys.admits` reads the one
+`Authorization: Bearer <key>` header (what OpenAI's and vLLM's clients send;
+no other header, no query string), hashes the key once and compares the digest
+with every known digest through `hmac.compare_digest`, with no early exit, so
+the time taken says nothing about which key, or how much of one, matched. Two
+`Authorization` headers are refused: which of them a later hop would read is
+anyone's guess.
+
+The engine key file holds one key, sent to engines as `Authorization: Bearer`;
+an `EngineKey` keeps it rendered for the wire and never shows it in a repr.
+Error messages name line numbers, never a line's content: a message about a
+key file must be safe to log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+__all__ = [
+    "ApiKeys",
+    "EngineKey",
+    "KeyFileError",
+    "bearer_token",
+    "parse_api_keys",
+    "parse_engine_key",
+]
+
+_AUTHORIZATION = b"authorization"
+_BEARER = b"bearer "
+_DIGEST_PREFIX = "sha256:"
+_HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
+
+
+class KeyFileError(ValueError):
+    """A key file cannot be used; the message names the line, never its content."""
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The key of the one `Authorization: Bearer <key>` header; None if absent, repeated or
+    of another scheme."""
+    value: bytes | None = None
+    for name, field in headers:
+        if name == _AUTHORIZATION:
+            if value is not None:
+                return None
+            value = field
+    if value is None or value[:7].lower() != _BEARER:
+        return None
+    return value[7:].strip(b" \t") or None
+
+
+class ApiKeys:
+    """The digests of the keys that may use the data plane."""
+
+    __slots__ = ("_digests",)
+
+    def __init__(self, digests: Iterable[bytes] = ()) -> None:
+        """No digest: nothing is admitted."""
+        self._digests = tuple(sorted(set(digests)))
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def __repr__(self) -> str:
+        return f"ApiKeys({len(self._digests)} keys)"
+
+    def admits(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether the request's bearer key is one of ours: one SHA-256, then every digest
+        compared in constant time, whichever matched."""
+        key = bearer_token(headers)
+        if key is None:
+            return False
+        digest = hashlib.sha256(key).digest()
+        matched = False
+        for known in self._digests:
+            matched |= hmac.compare_digest(known, digest)
+        return matched
+
+
+class EngineKey:
+    """The key engines expect, rendered once for forwarded requests and for probes."""
+
+    __slots__ = ("header_line", "probe_headers")
+
+    def __init__(self, key: str) -> None:
+        self.header_line = b"authorization: Bearer %s\r\n" % key.encode("ascii")
+        """What a forwarded request carries in place of the client's `Authorization`."""
+        self.probe_headers: Mapping[str, str] = MappingProxyType({"Authorization": f"Bearer {key}"})
+
+    def __repr__(self) -> str:
+        return "EngineKey(<hidden>)"
+
+
+def _check_key(key: str, where: str) -> None:
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        raise KeyFileError(f"{where}: a key must be printable ASCII without spaces")
+
+
+def parse_api_keys(text: str) -> ApiKeys:
+    """The client keys of a key file's text: one per line, clear or `sha256:<hex>`, `#` comments."""
+    digests: list[bytes] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, *rest = line.split(None, 1)
+        where = f"line {number}"
+        if rest and not rest[0].startswith("#"):
+            raise KeyFileError(f"{where}: one key per line (anything after it must be a # comment)")
+        if key.startswith(_DIGEST_PREFIX):
+            hexdigest = key[len(_DIGEST_PREFIX) :]
+            if _HEX_DIGEST.fullmatch(hexdigest) is None:
+                raise KeyFileError(f"{where}: `sha256:` must be followed by 64 hex digits")
+            digests.append(bytes.fromhex(hexdigest))
+        else:
+            _check_key(key, where)
+            digests.append(hashlib.sha256(key.encode("ascii")).digest())
+    if not digests:
+        # Also what a reader sees of a file being rewritten in place: keep the old keys.
+        raise KeyFileError("no key in the file (to revoke every key, stop the router)")
+    return ApiKeys(digests)
+
+
+def parse_engine_key(text: str) -> EngineKey:
+    """The engine key of a key file's text: the whole file, whitespace stripped."""
+    key = text.strip()
+    if not key:
+        raise KeyFileError("the file is empty")
+    _check_key(key, "the file must hold one key")
+    return EngineKey(key)
