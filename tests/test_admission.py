@@ -55,6 +55,7 @@ def test_an_adapter_is_admitted_only_to_the_engine_serving_it() -> None:
     ("body", "code"),
     [
         (b"{not json", "invalid_json"),
+        (b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json"),
         (b"[1, 2]", "invalid_request"),
         (json.dumps({"messages": []}).encode(), "missing_model"),
         (chat(model=7), "missing_model"),

@@ -55,6 +55,7 @@ class AdminApp:
         *,
         dead_sources: Callable[[], Collection[str]],
         shutting_down: Callable[[], bool],
+        local_problems: Callable[[], Sequence[str]] = tuple,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fleet = fleet
@@ -63,6 +64,7 @@ class AdminApp:
         self._settings = settings
         self._dead_sources = dead_sources
         self._shutting_down = shutting_down
+        self._local_problems = local_problems
         self._clock = clock
         self._started = clock()
         self._created = int(time.time())
@@ -77,6 +79,7 @@ class AdminApp:
             started=self._started,
             dead_sources=self._dead_sources(),
             shutting_down=self._shutting_down(),
+            local_problems=self._local_problems(),
         )
 
     async def handle(self, request: LocalRequest) -> LocalResponse:

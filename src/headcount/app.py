@@ -17,7 +17,9 @@ import logging
 import signal
 from collections.abc import Sequence
 
+from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver
+from headcount._http.resources import raise_open_file_limit
 from headcount.admin import AdminApp
 from headcount.auth import Authentication
 from headcount.config import ConfigError, DiscoveryMode, Settings
@@ -66,6 +68,7 @@ class Router:
             settings.health,
             dead_sources=self._dead_sources,
             shutting_down=lambda: self.shutting_down,
+            local_problems=lambda: self.proxy.resources.problems(),
         )
         self.proxy = Proxy(
             self.fleet,
@@ -145,7 +148,7 @@ class Router:
             )
             await self.proxy.close()
 
-    async def _drain_unless_hurried(self, server: asyncio.Server, hurry: asyncio.Event) -> None:
+    async def _drain_unless_hurried(self, server: ClientListener, hurry: asyncio.Event) -> None:
         drain = asyncio.ensure_future(self._drain(server))
         hurried = asyncio.ensure_future(hurry.wait())
         try:
@@ -157,7 +160,7 @@ class Router:
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
 
-    async def _drain(self, server: asyncio.Server) -> None:
+    async def _drain(self, server: ClientListener) -> None:
         health = self.settings.health
         self.shutting_down = True
         log.info(
@@ -205,6 +208,7 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    raise_open_file_limit()
     fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after, outliers=settings.outlier)
     router = Router(settings, fleet, await build_sources(settings, fleet))
     loop.add_signal_handler(signal.SIGHUP, router.auth.reload_soon)

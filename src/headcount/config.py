@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from headcount.routing import RoutingName
 
 __all__ = [
+    "CLIENT_SHARE_OF_FILES",
     "AuthSettings",
     "ConfigError",
     "DiscoveryMode",
@@ -103,6 +104,28 @@ class ProxySettings:
     affinity_epsilon: float = 0.25
     """Session and prefix routing: an engine keeps its keys until its in-flight count exceeds
     (1 + epsilon) times the mean (consistent hashing with bounded load)."""
+    client_header_timeout: float = 30.0
+    """A request head must arrive whole within this of its first read, else 408 (slowloris);
+    a real client writes its head at once."""
+    client_send_timeout: float = 30.0
+    """A client that takes nothing of a pending response for this long is disconnected and
+    its exchange released: a reader that stalled must not hold an engine slot."""
+    max_connections: int | None = None
+    """Client connections open at once; one more gets a 503 and is closed. None: 90% of the
+    open-file limit (raised to its hard limit at start), the rest left for engine
+    connections, probes and logs, so idle clients cannot starve them."""
+    max_buffered_body_bytes: int = 512 * 1024 * 1024
+    """Request-body bytes held across all clients, from arrival to the end of the exchange
+    (16 bodies of the largest size); past it a request gets 503 `overloaded`, not memory."""
+    inline_parse_max: int = 64 * 1024
+    """Bodies up to this are parsed on the event loop (at most ~4 ms even for hostile JSON);
+    larger ones in a worker process, so that no body stalls other clients."""
+    parse_workers: int = 2
+    """Worker processes for large bodies, started on first use; a hostile body ties one up
+    for seconds, never the event loop."""
+    parse_worker_memory: int = 1024 * 1024 * 1024
+    """Address space one large-body parse may add: real bodies need a few times their size
+    (token-id arrays ~7x), hostile nesting ~30x; past it the request gets 413."""
     first_byte_timeout: float | None = None
     """Off by default: a long prompt's prefill legitimately takes minutes before the first
     byte. Set, an attempt with no response byte within it is failed over to another engine."""
@@ -111,10 +134,33 @@ class ProxySettings:
         if self.max_failovers < 0:
             raise ConfigError("--max-failovers must be 0 or more")
         _require_positive(
-            ("--connect-timeout", self.connect_timeout), ("--read-timeout", self.read_timeout)
+            ("--connect-timeout", self.connect_timeout),
+            ("--read-timeout", self.read_timeout),
+            ("--client-idle-timeout", self.client_idle_timeout),
+            ("--client-header-timeout", self.client_header_timeout),
+            ("--client-send-timeout", self.client_send_timeout),
         )
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ConfigError("--max-connections must be at least 1")
+        if self.max_buffered_body_bytes < self.max_body_size:
+            raise ConfigError(
+                "--max-buffered-body-bytes must be at least --max-body-size "
+                f"({self.max_body_size}): else a request of the largest size is never accepted"
+            )
+        if self.parse_workers < 1:
+            raise ConfigError("parse_workers must be at least 1")
         if self.first_byte_timeout is not None:
             _require_positive(("--first-byte-timeout", self.first_byte_timeout))
+
+    def connection_limit(self, open_files: int) -> int:
+        """`max_connections`, or its default for a process that may open `open_files` files."""
+        if self.max_connections is not None:
+            return self.max_connections
+        return max(1, int(open_files * CLIENT_SHARE_OF_FILES))
+
+
+CLIENT_SHARE_OF_FILES = 0.9
+"""The default `--max-connections`, as a share of the open-file limit (see the field)."""
 
 
 @dataclass(frozen=True)
@@ -419,6 +465,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     proxy.add_argument("--max-failovers", type=int, default=proxy_d.max_failovers)
     proxy.add_argument("--max-body-size", type=_parse_size, default=proxy_d.max_body_size)
     proxy.add_argument(
+        "--max-buffered-body-bytes", type=_parse_size, default=proxy_d.max_buffered_body_bytes
+    )
+    proxy.add_argument("--max-connections", type=int, default=proxy_d.max_connections)
+    for flag, default in (
+        ("--client-idle-timeout", proxy_d.client_idle_timeout),
+        ("--client-header-timeout", proxy_d.client_header_timeout),
+        ("--client-send-timeout", proxy_d.client_send_timeout),
+    ):
+        proxy.add_argument(flag, type=parse_duration, default=default)
+    proxy.add_argument(
         "--first-byte-timeout", type=parse_duration, default=proxy_d.first_byte_timeout
     )
     proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
@@ -498,6 +554,11 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             read_timeout=ns.read_timeout,
             max_failovers=ns.max_failovers,
             max_body_size=ns.max_body_size,
+            max_buffered_body_bytes=ns.max_buffered_body_bytes,
+            max_connections=ns.max_connections,
+            client_idle_timeout=ns.client_idle_timeout,
+            client_header_timeout=ns.client_header_timeout,
+            client_send_timeout=ns.client_send_timeout,
             first_byte_timeout=ns.first_byte_timeout,
         ),
         probe=ProbeSettings(

@@ -6,7 +6,8 @@ is wedged or dead (a restart fixes that; it does not fix an unreachable API
 server, so API errors alone never fail it). Readiness fails before the first
 sync and during shutdown, and optionally without routable engines or fresh
 discovery. `/health` says ok, degraded (stale) or unavailable, never ok from
-the router's own state alone.
+the router's own state alone; the router's own resources running out (file
+descriptors, the connection limit) make it degraded.
 """
 
 from __future__ import annotations
@@ -68,8 +69,13 @@ def evaluate(
     started: float,
     dead_sources: Collection[str] = (),
     shutting_down: bool = False,
+    local_problems: Sequence[str] = (),
 ) -> HealthReport:
-    """Judge the router's health at `now` (same clock as the statuses; `started` = boot)."""
+    """Judge the router's health at `now` (same clock as the statuses; `started` = boot).
+
+    `local_problems`: the router's own resources that ran out lately (file descriptors,
+    the connection limit): degraded, never an engine's fault.
+    """
     live = tuple(_liveness(source, settings, now, started, dead_sources) for source in sources)
     routable = len(snapshot.routable)
     stale = [
@@ -95,7 +101,7 @@ def evaluate(
 
     if unsynced or not all(check.ok for check in live) or routable == 0 or shutting_down:
         status = Status.UNAVAILABLE
-    elif stale:
+    elif stale or local_problems:
         status = Status.DEGRADED
     else:
         status = Status.OK
@@ -109,6 +115,7 @@ def evaluate(
                 [c.reason for c in (*live, *ready) if not c.ok]
                 + ([f"discovery stale: {', '.join(stale)}"] if stale else [])
                 + (["no routable engine"] if routable == 0 else [])
+                + list(local_problems)
             )
         ),
         "engines": {"routable": routable, **{state.value: n for state, n in counts.items()}},

@@ -32,8 +32,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 UNKNOWN_MODEL = "unknown"
 """The `model` label of requests whose model is unknown: client input must not mint series."""
 
-LOCAL_RESOURCES = ("fds", "memory", "buffers")
-"""The `resource` label of `headcount_local_resource_errors_total`."""
+LOCAL_RESOURCES = ("fds", "memory", "buffers", "connections")
+"""The `resource` label of `headcount_local_resource_errors_total` (`connections`: a client
+refused over `--max-connections`)."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -102,6 +103,7 @@ class Metrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram, Histogram]] = {}
+        self._local_watchers: list[Callable[[str], None]] = []
 
     def request_done(self, model: str, code: int, duration: float, ttfb: float | None) -> None:
         children = self._children.get((model, code))
@@ -134,6 +136,12 @@ class Metrics:
     def local_resource_error(self, resource: str) -> None:
         """The router ran out of `resource` (one of `LOCAL_RESOURCES`)."""
         self._local_resource_errors.labels(resource).inc()
+        for watcher in self._local_watchers:
+            watcher(resource)
+
+    def watch_local_resources(self, watcher: Callable[[str], None]) -> None:
+        """`watcher(resource)` hears of each `local_resource_error` (for `/health`)."""
+        self._local_watchers.append(watcher)
 
     def task_restarts(self, task: str) -> Callable[[], None]:
         """What to call when `task` is restarted; its series exists (at 0) from now on."""

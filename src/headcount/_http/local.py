@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from headcount._http.handler import Request, Responder
 from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER
 
-__all__ = ["LocalHandler", "LocalRequest", "LocalResponse", "serve_local"]
+__all__ = ["LocalHandler", "LocalRequest", "LocalResponse", "TaskExchange", "serve_local"]
 
 _log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def serve_local(
 ) -> None:
     """Answer `request` with `handler` in a task from `spawn`; the client leaving cancels it."""
     task = spawn(_answer(handler, request, responder))
-    responder.attach(_LocalExchange(task))
+    responder.attach(TaskExchange(task))
 
 
 async def _answer(handler: LocalHandler, request: Request, responder: Responder) -> None:
@@ -72,8 +72,8 @@ async def _answer(handler: LocalHandler, request: Request, responder: Responder)
     responder.respond(status, block, body)
 
 
-class _LocalExchange:
-    """A local request's link to its client: a client that leaves cancels the handler."""
+class TaskExchange:
+    """A request answered by a task, linked to its client: a client that leaves cancels it."""
 
     __slots__ = ("_task",)
 

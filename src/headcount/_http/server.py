@@ -1,8 +1,9 @@
 """HTTP/1.1 for clients: one callback-driven Protocol per connection, no Task per request.
 
 One class holds one connection's whole state machine (parsing, ordering,
-framing, flow control, idle timer), kept together so the per-request path
-reads in one place; the contract with handlers is in `handler.py`.
+framing, flow control, deadlines), kept together so the per-request path reads
+in one place (hence its length); the contract with handlers is in `handler.py`,
+the canned answers in `answers.py`.
 
 Each connection parses requests with httptools; a request is dispatched once it
 is whole (headers and body, the body at most `max_body_size`) to a
@@ -13,22 +14,43 @@ while parsing request N+1 is answered after response N, then the connection
 closes. What a client gets from this layer alone:
 
 - keep-alive for HTTP/1.1 unless `Connection: close`; HTTP/1.0 closes unless it
-  asks for keep-alive; a connection with no request in progress closes after
-  `keepalive_timeout` (a request must arrive whole within that time too);
+  asks for keep-alive;
+- deadlines: a connection with no request in progress closes after
+  `idle_timeout`; a request head must arrive whole within `header_timeout` of
+  the read that began it, and its body within `idle_timeout` of the read that
+  ended the head (else 408); a client that reads nothing of a pending response
+  for `send_timeout` is disconnected (its exchange hears `client_lost`);
 - `Expect: 100-continue` answered with `100 Continue` once the request is next
   in line, with 413 when its Content-Length is too large, 417 for any other
   expectation;
-- 400 for a malformed request, 431 for a header block over `max_header_size`,
-  413 for a body over `max_body_size` (from Content-Length before reading, or
-  while reading chunks); errors in the OpenAI shape, then the connection closes;
+- 400 for a malformed request, for an HTTP/1.1 request without exactly one
+  `Host` (RFC 9112 §3.2) and for a request line without a version (HTTP/0.9);
+  505 for `HTTP/2.0`; 431 for a header block over `max_header_size`; 413 for a
+  body over `max_body_size` (from Content-Length before reading, or while
+  reading chunks); 503 `overloaded` when the body does not fit in the server's
+  shared `BodyBudget`, and 503 `too_many_connections` to a connection over the
+  registry's limit; all in the OpenAI shape, then the connection closes;
 - HEAD answered without a body; TCP_NODELAY on every connection (without it a
   stream on a reused connection waits ~40 ms for its first chunk: Nagle plus
   delayed ACK).
 
+Memory: a body is held as few objects (`body.py`: its first piece as it came,
+then pieces of 16 KiB or more), never one per chunk, and counted against the
+budget from arrival (a chunked one in 64 KiB steps) until its exchange ends. A
+connection that ends releases everything at once: its budget, its buffers, and
+the protocol <-> parser reference cycle, so a dropped upload is freed without
+waiting for the cyclic garbage collector.
+
+The loop: a read over 64 KiB is parsed a slice per loop iteration (reading
+paused meanwhile), so no read costs more than one slice's parsing, and a body
+from 1 MiB is joined into one `bytes` in a thread (`body.py`).
+
 Flow control: when the client's socket buffer fills (`pause_writing`) the
-exchange's `ExchangeListener` is told, so it can stop reading upstream. A
-client that goes away mid-exchange (EOF or reset) is reported once, through
-`ExchangeListener.client_lost`.
+exchange's `ExchangeListener` is told, so it can stop reading upstream, and no
+further pipelined request is dispatched until the client reads
+(`resume_writing`): a client that never reads cannot make the router produce
+answers it will not take. A client that goes away mid-exchange (EOF or reset)
+is reported once, through `ExchangeListener.client_lost`.
 """
 
 from __future__ import annotations
@@ -44,15 +66,11 @@ from typing import cast
 
 import httptools
 
+from headcount._http import answers
+from headcount._http.body import JOIN_OFF_LOOP, BodyPieces
 from headcount._http.connections import ConnectionRegistry
 from headcount._http.handler import ExchangeListener, Request, RequestHandler
-from headcount._http.wire import (
-    CHUNKED_END,
-    INTERNAL_ERROR_BODY,
-    JSON_HEADER,
-    REASONS,
-    error_body,
-)
+from headcount._http.wire import CHUNKED_END, INTERNAL_ERROR_BODY, JSON_HEADER, REASONS
 
 __all__ = ["HttpServerProtocol", "ServerLimits"]
 
@@ -61,7 +79,7 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """Bounds on what one client connection may send and how long it may idle.
+    """Bounds on what one client connection may send and how long it may take.
 
     The values and the reasons for them are in `headcount.config.ProxySettings`.
     """
@@ -71,31 +89,15 @@ class ServerLimits:
     max_body_size: int
     """More gets 413; bodies are held whole in memory before dispatch."""
     keepalive_timeout: float
-    """Idle client connections close after this (a request must also arrive whole within it)."""
+    """Idle client connections close after this; a request's body must arrive within it."""
     max_pipeline: int
     """Requests parsed ahead of the one being answered before reading pauses."""
+    header_timeout: float = 30.0
+    """A request head must arrive whole within this of its first read (slowloris)."""
+    send_timeout: float = 30.0
+    """A client that takes nothing of a pending response for this long is disconnected."""
 
 
-def _error_response(status: int, message: str, code: str) -> bytes:
-    body = error_body(message, "invalid_request_error", code)
-    return b"HTTP/1.1 %d %s\r\n%scontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
-        status,
-        REASONS[status],
-        JSON_HEADER,
-        len(body),
-        body,
-    )
-
-
-_BAD_REQUEST = _error_response(400, "malformed HTTP request", "bad_request")
-_HEADERS_TOO_LARGE = _error_response(
-    431, "request header fields too large", "request_header_fields_too_large"
-)
-_BODY_TOO_LARGE = _error_response(413, "request body too large", "request_too_large")
-_EXPECTATION_FAILED = _error_response(
-    417, "only `Expect: 100-continue` is supported", "expectation_failed"
-)
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CLOSE_AFTER = b""
 """Queue marker: close once everything before it is answered (nothing more to say)."""
 _CONNECTION_CLOSE = b"connection: close\r\n"
@@ -104,32 +106,55 @@ _CHUNKED = b"transfer-encoding: chunked\r\n"
 _NO_BODY_STATUSES = frozenset({204, 304})
 _LINGER_TIMEOUT = 2.0
 """After an error answer and our FIN, how long the client may keep sending before we close."""
+_FEED_MAX = 64 * 1024
+"""Parsed per loop iteration at most: a larger read waits its turn in slices."""
+_RESERVE_STEP = 64 * 1024
+"""A chunked body takes from the body budget this much at a time (what it may hold unused)."""
+_HEAD, _BODY = 1, 2
+"""Which deadline a partly received request is under (`_armed`)."""
 
 
 class _Rejected(Exception):
     """Raised from a parser callback to stop parsing; the response is in `_reject`."""
 
 
+class _Joining:
+    """A request whose large body is being joined in a thread; it waits its turn in the queue."""
+
+    __slots__ = ("joined", "request")
+
+    def __init__(self, request: Request, joined: asyncio.Future[bytes]) -> None:
+        self.request = request
+        self.joined = joined
+
+
 class HttpServerProtocol(asyncio.Protocol):
     """One client connection: parses requests, answers them in order (it is their Responder)."""
 
     __slots__ = (
+        "__weakref__",
         "_active",
+        "_armed",
+        "_backlog",
         "_body",
         "_body_size",
         "_chunked",
         "_close_after",
         "_content_length",
         "_continue",
+        "_deadline",
         "_dispatching",
         "_draining",
         "_expect",
+        "_feed_scheduled",
         "_handler",
+        "_head_began",
         "_head_bytes",
         "_head_raw",
         "_headers",
+        "_held",
+        "_hosts",
         "_http11",
-        "_idle_deadline",
         "_in_head",
         "_in_message",
         "_keep_alive",
@@ -140,14 +165,19 @@ class HttpServerProtocol(asyncio.Protocol):
         "_no_body",
         "_on_rejected",
         "_parser",
+        "_pieces",
         "_queue",
+        "_read_body",
         "_read_paused",
         "_registry",
         "_reject",
         "_request",
+        "_reserved",
+        "_send_timer",
         "_started",
         "_stopped",
         "_timer",
+        "_timer_at",
         "_transport",
         "_url",
         "_write_paused",
@@ -169,9 +199,11 @@ class HttpServerProtocol(asyncio.Protocol):
         self._loop = loop
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
-        self._queue: deque[Request | bytes] = deque()
+        self._queue: deque[Request | _Joining | bytes] = deque()
         self._timer: asyncio.TimerHandle | None = None
-        self._idle_deadline = 0.0
+        self._timer_at = 0.0
+        self._deadline = 0.0
+        self._send_timer: asyncio.TimerHandle | None = None
         self._active = False
         self._dispatching = False
         self._draining = False
@@ -180,6 +212,11 @@ class HttpServerProtocol(asyncio.Protocol):
         self._write_paused = False
         self._in_message = False
         self._in_head = False
+        self._head_began = False
+        self._read_body = 0
+        self._backlog: memoryview | None = None
+        """What a large read left to parse (reading is paused while there is some)."""
+        self._feed_scheduled = False
         self._continue = False
         self._reject: bytes | None = None
         self._request: Request | None = None
@@ -188,10 +225,17 @@ class HttpServerProtocol(asyncio.Protocol):
         self._chunked = False
         self._no_body = False
         self._close_after = False
+        self._held = 0
+        """Body bytes this connection holds of the registry's budget (all its requests)."""
+        self._pieces = BodyPieces()
+        """A body that came in several reads (reused across requests, emptied after each)."""
         self._method = b""
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
-        self._body: list[bytes] = []
+        self._body = b""
+        self._body_size = 0
+        self._hosts = 0
+        self._armed = 0
         self._expect: bytes | None = None
         self._reset_message()
 
@@ -203,50 +247,144 @@ class HttpServerProtocol(asyncio.Protocol):
         if sock is not None:
             with suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._registry.add(self)
-        self._arm_idle()
+        if not self._registry.admit(self):
+            # Over the connection limit: say so and close; this is not a request to count.
+            self._stopped = True
+            self._queue.append(answers.TOO_MANY_CONNECTIONS)
+            self._dispatch_pending()
+            return
+        self._draining = self._registry.draining
+        self._arm(self._limits.keepalive_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._stopped = True
         self._registry.discard(self)
         self._queue.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._send_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._send_timer = None
         if self._active:
             listener = self._listener
             self._end_exchange()
             if listener is not None:
                 listener.client_lost()
+        # Release at once what the connection held: its share of the body budget, its
+        # buffers, and the parser, whose callbacks are bound methods of this protocol (a
+        # reference cycle that would otherwise keep a dropped upload until the cyclic GC).
+        self._registry.bodies.give(self._held)
+        self._held = 0
+        self._body = b""
+        self._pieces.clear()
+        self._headers = []
+        self._backlog = None
+        del self._parser
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        if self._send_timer is None:
+            self._send_timer = self._loop.call_later(
+                self._limits.send_timeout, self._on_send_timeout
+            )
         if self._listener is not None:
             self._listener.client_paused()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         if self._listener is not None:
             self._listener.client_resumed()
+        elif not self._active:
+            self._dispatch_pending()
 
     def data_received(self, data: bytes) -> None:
         if self._stopped:
             return
+        if len(data) > _FEED_MAX or self._backlog is not None:
+            self._queue_input(data)
+            return
+        self._feed(data)
+
+    def _queue_input(self, data: bytes) -> None:
+        """A large read is parsed a slice per loop iteration, so that no read costs the loop
+        more than one slice's parsing (a body in 2-byte chunks is ~30 ns a byte), and not at
+        all while the pipeline is full; reading pauses until it is all parsed."""
+        backlog = self._backlog
+        self._backlog = memoryview(bytes(backlog) + data if backlog is not None else data)
+        if self._transport is not None:
+            self._transport.pause_reading()
+        self._feed_backlog()
+
+    def _feed_backlog(self) -> None:
+        self._feed_scheduled = False
+        backlog = self._backlog
+        transport = self._transport
+        if backlog is None or transport is None or self._stopped:
+            self._backlog = None
+            return
+        rest = backlog[_FEED_MAX:]
+        self._backlog = rest if len(rest) else None
+        self._feed(backlog[:_FEED_MAX])
+        if self._backlog is None:
+            if not self._read_paused and not self._stopped and self._transport is not None:
+                transport.resume_reading()
+        elif len(self._queue) < self._limits.max_pipeline:
+            self._schedule_feed()
+        # else: the queue is full; `_dispatch_pending` feeds on once it drains
+
+    def _schedule_feed(self) -> None:
+        if not self._feed_scheduled and not self._stopped:
+            self._feed_scheduled = True
+            self._loop.call_soon(self._feed_backlog)
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        # Body bytes this read brings to requests it completes (a request's body so far
+        # before it is not this read's): what `_partial` subtracts from a head's tail.
+        self._read_body = -self._body_size if self._in_message else 0
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # The bytes after an upgrade request are not HTTP/1.1: answer it, then close.
             self._stop(_CLOSE_AFTER)
         except httptools.HttpParserError:
-            self._stop(self._reject or _BAD_REQUEST)
+            self._stop(self._reject or answers.BAD_REQUEST)
         else:
-            if self._in_head:
-                # httptools joins a header value split over reads before calling on_header:
-                # bound what it may accumulate (counted per read, so up to one read over).
-                self._head_raw += len(data)
-                if self._head_raw > 2 * self._limits.max_header_size:
-                    self._stop(_HEADERS_TOO_LARGE)
+            if self._in_message:
+                self._partial(data)
         self._dispatch_pending()
+
+    def _partial(self, data: bytes | memoryview) -> None:
+        """A read ended inside a request: bound its head, and put it under its deadline.
+
+        httptools joins a header line split over reads before calling on_header, so
+        the callbacks do not see what it accumulates: that is bounded here from the raw
+        bytes of the head alone (up to one read over). A read that ends inside the head
+        it began holds, of that head's unfinished line, what follows its last LF, less
+        any body bytes (a previous request's) among them; a read that begins and ends
+        inside one head is all that head's. Nothing else counts, so pipelined or split
+        requests are never charged for each other's bytes.
+        """
+        if self._in_head:
+            if self._head_began:
+                self._head_began = False
+                tail = len(data) - bytes(data).rfind(b"\n") - 1
+                self._head_raw = max(0, tail - self._read_body)
+            else:
+                self._head_raw += len(data)
+            if self._head_raw > 2 * self._limits.max_header_size:
+                self._stop(answers.HEADERS_TOO_LARGE)
+                return
+            if self._armed != _HEAD:
+                self._armed = _HEAD
+                if not self._active:
+                    self._arm(self._limits.header_timeout)
+        elif self._armed != _BODY:
+            self._armed = _BODY
+            if not self._active:
+                self._arm(self._limits.keepalive_timeout)
 
     # -- parser callbacks ---------------------------------------------------------------------
 
@@ -254,6 +392,7 @@ class HttpServerProtocol(asyncio.Protocol):
         self._reset_message()
         self._in_message = True
         self._in_head = True
+        self._head_began = True
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -265,6 +404,8 @@ class HttpServerProtocol(asyncio.Protocol):
         self._count_head(len(name) + len(value) + 4)
         if name == b"content-length":
             self._content_length = int(value)
+        elif name == b"host":
+            self._hosts += 1
         elif name == b"expect":
             self._expect = value
 
@@ -272,33 +413,83 @@ class HttpServerProtocol(asyncio.Protocol):
         self._in_head = False
         parser = self._parser
         self._method = parser.get_method()
-        self._http11 = parser.get_http_version() == "1.1"
+        version = parser.get_http_version()
+        if version == "1.1":
+            self._http11 = True
+        elif version == "1.0":
+            self._http11 = False
+        elif version == "2.0":
+            self._fail(answers.VERSION_NOT_SUPPORTED)
+        else:
+            self._fail(answers.BAD_VERSION)  # HTTP/0.9: a request line without a version
+        if self._hosts != 1 and (self._hosts or self._http11):
+            self._fail(answers.BAD_HOST)
         self._keep_alive = parser.should_keep_alive()
-        if self._content_length > self._limits.max_body_size:
-            self._fail(_BODY_TOO_LARGE)
+        length = self._content_length
+        if length:
+            if length > self._limits.max_body_size:
+                self._fail(answers.BODY_TOO_LARGE)
+            if not self._registry.bodies.take(length):
+                self._fail(answers.OVERLOADED)
+            self._held += length
+            self._reserved = length
         if self._expect is not None and self._http11:
             if self._expect.lower() != b"100-continue":
-                self._fail(_EXPECTATION_FAILED)
+                self._fail(answers.EXPECTATION_FAILED)
             self._continue = True
             if not self._active and not self._queue and self._transport is not None:
-                self._transport.write(_CONTINUE)
+                self._transport.write(answers.CONTINUE)
                 self._continue = False
 
     def on_body(self, body: bytes) -> None:
-        self._body_size += len(body)
-        if self._body_size > self._limits.max_body_size:
-            self._fail(_BODY_TOO_LARGE)
-        self._body.append(body)
+        size = len(body)
+        total = self._body_size + size
+        self._body_size = total
+        if total > self._reserved:
+            self._reserve(total)
+        if total == size:
+            self._body = body  # the first piece, kept as it came (most bodies have one)
+            return
+        pieces = self._pieces
+        if self._body:
+            pieces.add(self._body)
+            self._body = b""
+        pieces.add(body)
+
+    def _reserve(self, total: int) -> None:
+        """A chunked body outgrew what it holds of the budget: take more, in steps, so
+        that a body sent in tiny chunks does not cost a reservation per chunk."""
+        limit = self._limits.max_body_size
+        if total > limit:
+            self._fail(answers.BODY_TOO_LARGE)
+        step = min(max(total - self._reserved, _RESERVE_STEP), limit - self._reserved)
+        if not self._registry.bodies.take(step):
+            self._fail(answers.OVERLOADED)
+        self._held += step
+        self._reserved += step
 
     def on_message_complete(self) -> None:
-        parts = self._body
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._read_body += self._body_size
+        unused = self._reserved - self._body_size
+        if unused:  # the last step of a chunked body's reservation
+            self._registry.bodies.give(unused)
+            self._held -= unused
         request = Request(
-            self._method, self._url, self._headers, body, self._http11, self._keep_alive
+            self._method, self._url, self._headers, self._body, self._http11, self._keep_alive
         )
+        self._body = b""
         self._in_message = False
         self._continue = False
-        self._queue.append(request)
+        pieces = self._pieces
+        if not pieces:
+            self._queue.append(request)
+        elif self._body_size < JOIN_OFF_LOOP:
+            request.body = b"".join(pieces.take())
+            self._queue.append(request)
+        else:  # a large copy: in a thread, dispatched in its turn once joined
+            joined = self._loop.run_in_executor(None, b"".join, pieces.take())
+            joined.add_done_callback(self._joined)
+            self._queue.append(_Joining(request, joined))
         if len(self._queue) >= self._limits.max_pipeline and not self._read_paused:
             self._read_paused = True
             if self._transport is not None:
@@ -379,7 +570,7 @@ class HttpServerProtocol(asyncio.Protocol):
         if transport is None or not self._active:
             return
         self._end_exchange()
-        transport.close()
+        self._close(transport)
 
     def _frame(self, body: bytes, complete: bool) -> bytes:
         if self._no_body:
@@ -406,12 +597,13 @@ class HttpServerProtocol(asyncio.Protocol):
     # -- exchanges ----------------------------------------------------------------------------
 
     def _dispatch_pending(self) -> None:
-        if self._active or self._dispatching:
+        """Dispatch what is queued, unless an exchange runs or the client is not reading."""
+        if self._active or self._dispatching or self._write_paused:
             return
         queue = self._queue
         self._dispatching = True
         try:
-            while queue and not self._active:
+            while queue and not self._active and not self._write_paused:
                 transport = self._transport
                 if transport is None:
                     return
@@ -419,18 +611,36 @@ class HttpServerProtocol(asyncio.Protocol):
                 if isinstance(item, bytes):
                     self._linger(transport, item)
                     return
+                if isinstance(item, _Joining):
+                    joined = item.joined
+                    if not joined.done():
+                        queue.appendleft(item)
+                        break
+                    if joined.cancelled() or joined.exception() is not None:
+                        self._stopped = True  # out of memory, most likely: say so and close
+                        self._linger(transport, answers.OVERLOADED)
+                        return
+                    item.request.body = joined.result()
+                    item = item.request
                 self._dispatch(item)
         finally:
             self._dispatching = False
         transport = self._transport
-        if transport is None or self._active:
+        if transport is None or self._active or self._write_paused or queue:
             return
         if self._read_paused and not self._stopped:
             self._read_paused = False
-            transport.resume_reading()
-        if self._continue:
+            if self._backlog is None:
+                transport.resume_reading()
+        if self._backlog is not None:
+            self._schedule_feed()
+        elif self._continue:
             self._continue = False
-            transport.write(_CONTINUE)
+            transport.write(answers.CONTINUE)
+
+    def _joined(self, _future: asyncio.Future[bytes]) -> None:
+        if self._transport is not None:
+            self._dispatch_pending()
 
     def _dispatch(self, request: Request) -> None:
         self._active = True
@@ -453,9 +663,11 @@ class HttpServerProtocol(asyncio.Protocol):
 
     def _finish(self, close: bool) -> None:
         self._end_exchange()
+        transport = self._transport
+        if transport is None:
+            return
         if close or self._draining:
-            if self._transport is not None:
-                self._transport.close()
+            self._close(transport)
             return
         self._arm_idle()
         if not self._dispatching:
@@ -471,28 +683,47 @@ class HttpServerProtocol(asyncio.Protocol):
         if response:
             transport.write(response)
         if not transport.can_write_eof():
-            transport.close()
+            self._close(transport)
             return
         transport.write_eof()
-        if self._read_paused:
+        if self._read_paused or self._backlog is not None:
             self._read_paused = False
+            self._backlog = None
             transport.resume_reading()
-        if self._timer is not None:
-            self._timer.cancel()
-        self._idle_deadline = self._loop.time() + _LINGER_TIMEOUT
-        self._timer = self._loop.call_at(self._idle_deadline, self._on_idle_timer)
+        self._arm(_LINGER_TIMEOUT)
 
     def _end_exchange(self) -> None:
+        request = self._request
+        if request is not None:
+            size = len(request.body)
+            if size:
+                self._registry.bodies.give(size)
+                self._held -= size
         self._active = False
         self._request = None
         self._listener = None
         self._registry.exchange_done()
 
+    def _close(self, transport: asyncio.Transport) -> None:
+        """Close after what is buffered is sent, but give a client that reads none of it
+        no more than `send_timeout` (a close waits for the buffer to drain)."""
+        transport.close()
+        if self._send_timer is None and transport.get_write_buffer_size():
+            self._send_timer = self._loop.call_later(
+                self._limits.send_timeout, self._on_send_timeout
+            )
+
+    def _on_send_timeout(self) -> None:
+        self._send_timer = None
+        if self._transport is not None:
+            self._transport.abort()  # connection_lost follows: the exchange hears client_lost
+
     def drain(self) -> None:
         """Answer what is in progress with `connection: close`; close now if nothing is."""
         self._draining = True
-        if not self._active and not self._in_message and not self._queue and self._transport:
-            self._transport.close()
+        transport = self._transport
+        if not self._active and not self._in_message and not self._queue and transport:
+            self._close(transport)
 
     def close(self) -> None:
         """Drop the connection now, whatever it is doing."""
@@ -505,19 +736,22 @@ class HttpServerProtocol(asyncio.Protocol):
         self._method = b""
         self._url = b""
         self._headers = []
-        self._body = []
+        self._body = b""
         self._body_size = 0
         self._content_length = 0
+        self._reserved = 0
+        self._hosts = 0
         self._expect = None
         self._head_bytes = 0
         self._head_raw = 0
+        self._armed = 0
         self._http11 = True
         self._keep_alive = True
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
         if self._head_bytes > self._limits.max_header_size:
-            self._fail(_HEADERS_TOO_LARGE)
+            self._fail(answers.HEADERS_TOO_LARGE)
 
     def _fail(self, response: bytes) -> None:
         self._reject = response
@@ -532,19 +766,39 @@ class HttpServerProtocol(asyncio.Protocol):
         self._in_head = False
         self._queue.append(response)
 
-    # -- idle timeout: one timer handle; each exchange only moves the deadline ---------------
+    # -- deadlines: one timer handle; the deadline moves, the timer is re-armed lazily --------
 
     def _arm_idle(self) -> None:
-        self._idle_deadline = self._loop.time() + self._limits.keepalive_timeout
-        if self._timer is None:
-            self._timer = self._loop.call_at(self._idle_deadline, self._on_idle_timer)
+        """After an exchange: the next request (or the one partly here) gets a fresh deadline."""
+        limits = self._limits
+        self._arm(limits.header_timeout if self._in_head else limits.keepalive_timeout)
 
-    def _on_idle_timer(self) -> None:
+    def _arm(self, seconds: float) -> None:
+        """The connection must make its next step within `seconds`.
+
+        A later deadline only moves `_deadline` (the timer, when it fires early, re-arms);
+        an earlier one re-schedules the timer.
+        """
+        deadline = self._loop.time() + seconds
+        self._deadline = deadline
+        timer = self._timer
+        if timer is None or self._timer_at > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
         self._timer = None
         transport = self._transport
         if transport is None or self._active:
             return  # re-armed when the exchange finishes
-        if self._loop.time() >= self._idle_deadline:
-            transport.close()
+        deadline = self._deadline
+        if self._loop.time() < deadline:
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+        elif self._in_message:
+            self._stop(answers.REQUEST_TIMEOUT)  # a request began and did not arrive in time
+            self._dispatch_pending()
         else:
-            self._timer = self._loop.call_at(self._idle_deadline, self._on_idle_timer)
+            self._close(transport)  # idle, or done lingering

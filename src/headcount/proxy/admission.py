@@ -1,7 +1,9 @@
 """Admission: what a proxied request asks for, and which engine takes it, or why none does.
 
-The JSON body is parsed once, to read `model` and, only for a policy that asks
-(`Policy.key_source`), its affinity key; the body itself is forwarded byte for
+What routing needs of the JSON body (`model` and, only for a policy that asks
+through `Policy.key_source`, its affinity key) is read by `payload.py`: here on
+the loop for a small body (`admit`), in a worker process for a large one
+(`parsepool.py`, then `admit_read`); the body itself is forwarded byte for
 byte. The policy picks among `snapshot.candidates(model)`. The result is typed:
 `Admitted` (the engine and the request's features) or `Refused` (the answer to
 send and the model label to count it under).
@@ -9,14 +11,18 @@ send and the model label to count it under).
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple
 
 from headcount._http.handler import Request
 from headcount.fleet import Engine, Snapshot
 from headcount.metrics import UNKNOWN_MODEL
+from headcount.proxy import payload
 from headcount.proxy.errors import (
+    BODY_TOO_COMPLEX,
+    BODY_UNREADABLE_NOW,
+    INTERNAL_ERROR,
     INVALID_JSON,
+    JSON_TOO_DEEP,
     MISSING_MODEL,
     NOT_AN_OBJECT,
     ErrorAnswer,
@@ -26,7 +32,7 @@ from headcount.proxy.errors import (
 from headcount.proxy.headers import find_header
 from headcount.routing import Policy, RequestFeatures
 
-__all__ = ["Admitted", "Refused", "admit"]
+__all__ = ["Admitted", "Refused", "admit", "admit_read"]
 
 
 class Admitted(NamedTuple):
@@ -43,29 +49,37 @@ class Refused(NamedTuple):
     label: str
 
 
-_INVALID_JSON = Refused(INVALID_JSON, UNKNOWN_MODEL)
-_NOT_AN_OBJECT = Refused(NOT_AN_OBJECT, UNKNOWN_MODEL)
-_MISSING_MODEL = Refused(MISSING_MODEL, UNKNOWN_MODEL)
+_REFUSALS = {
+    code: Refused(answer, UNKNOWN_MODEL)
+    for code, answer in (
+        (payload.INVALID_JSON, INVALID_JSON),
+        (payload.TOO_DEEP, JSON_TOO_DEEP),
+        (payload.NOT_AN_OBJECT, NOT_AN_OBJECT),
+        (payload.MISSING_MODEL, MISSING_MODEL),
+        (payload.TOO_COMPLEX, BODY_TOO_COMPLEX),
+        (payload.UNAVAILABLE, BODY_UNREADABLE_NOW),
+        (payload.INTERNAL, INTERNAL_ERROR),
+    )
+}
 
 
 def admit(request: Request, snapshot: Snapshot, policy: Policy) -> Admitted | Refused:
-    """Route `request` within `snapshot` with `policy`."""
-    try:
-        payload = json.loads(request.body)
-    except ValueError:
-        return _INVALID_JSON
-    if not isinstance(payload, dict):
-        return _NOT_AN_OBJECT
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        return _MISSING_MODEL
+    """Route `request` within `snapshot` with `policy`, reading its body here and now."""
+    headers = request.headers
+    read = payload.read_payload(
+        request.body, policy.key_source, lambda name: find_header(headers, name)
+    )
+    return admit_read(read, snapshot, policy)
+
+
+def admit_read(read: payload.Outcome, snapshot: Snapshot, policy: Policy) -> Admitted | Refused:
+    """Route a request whose body was read already (`read` is `payload`'s outcome)."""
+    if isinstance(read, str):
+        return _REFUSALS[read]
+    model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
         return Refused(*unroutable(snapshot, model))
-    key_source = policy.key_source
-    key = None
-    if key_source is not None:
-        key = key_source(payload, lambda name: find_header(request.headers, name))
     features = RequestFeatures(model, key)
     engine = policy.select(candidates, features)
     if engine is None:

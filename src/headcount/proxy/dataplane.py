@@ -10,8 +10,12 @@
 
 `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` are proxied:
 `admission.admit` picks the engine (or the error to answer), and an `Exchange`
-carries the request to its end. Every other request goes to the `LocalHandler`
-(`/v1/models`, `/engines`, health, metrics), none of which is hot.
+carries the request to its end. A body over `inline_parse_max` is read by a
+worker process first (`parsepool.py`), so that no body stalls the loop. Every
+other request goes to the `LocalHandler` (`/v1/models`, `/engines`, health,
+metrics), none of which is hot. Clients are accepted by `_http/acceptor.py` on
+both listeners: running out of descriptors is counted in `resources`, never
+blamed on an engine.
 
 With client keys (`Credentials.client_keys`), every request but the health
 endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
@@ -31,37 +35,45 @@ comes back on the response (`headers.py`). The answer streams back as it
 arrives, one client write per upstream read.
 
 Errors are OpenAI-shaped JSON (`errors.py`): 401 no or wrong key, 400 bad JSON
-or no `model`, 404 unknown model, 413 body too large, 503 no routable engine,
-502/504 after failover, 500 for a bug in the router (logged once; no stack
-trace reaches a client).
+or no `model`, 404 unknown model, 413 body too large, 503 no routable engine
+(or, from the HTTP layer, too many connections or request bodies held), 502/504
+after failover, 500 for a bug in the router (logged once; no stack trace
+reaches a client).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
+import resource
 from collections.abc import Awaitable
 
+from headcount._http.acceptor import ClientListener, listen
 from headcount._http.connections import ConnectionRegistry
 from headcount._http.handler import Request, Responder
-from headcount._http.local import LocalHandler, serve_local
+from headcount._http.local import LocalHandler, TaskExchange, serve_local
 from headcount._http.pool import Dial, PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
+from headcount._http.resources import LocalResources
 from headcount._http.server import HttpServerProtocol, ServerLimits
-from headcount._http.wire import JSON_HEADER
+from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER
 from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
 from headcount.metrics import UNKNOWN_MODEL, Metrics
-from headcount.proxy.admission import Refused, admit
+from headcount.proxy.admission import Admitted, Refused, admit, admit_read
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
+from headcount.proxy.parsepool import ParsePool
 from headcount.routing import Policy
 
 __all__ = ["Proxy", "start_local_server", "start_server"]
+
+_log = logging.getLogger(__name__)
 
 _PROXIED = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
 _OPEN_PATHS = frozenset({b"/livez", b"/readyz", b"/health"})
@@ -86,13 +98,20 @@ class Proxy:
         *,
         resolver: Resolver | None = None,
         dial: Dial | None = None,
+        resources: LocalResources | None = None,
     ) -> None:
         """`credentials` None: no key needed, the client's `Authorization` passes through.
         `resolver` looks engine host names up (shared with the probes; default: a fresh one
-        with the default `DnsSettings`), `dial` opens engine connections (tests inject here)."""
+        with the default `DnsSettings`), `dial` opens engine connections (tests inject here).
+        `resources` hears of the router's own resources running out (None: one counting into
+        `metrics` and seeing what they count)."""
         self.fleet = fleet
         self.policy = policy
         self.metrics = metrics
+        if resources is None:
+            resources = LocalResources(count=metrics.local_resource_error)
+            metrics.watch_local_resources(resources.seen)
+        self.resources = resources
         self._local = local
         self._credentials = credentials or Credentials()
         self.limits = ServerLimits(
@@ -100,7 +119,11 @@ class Proxy:
             max_body_size=settings.max_body_size,
             keepalive_timeout=settings.client_idle_timeout,
             max_pipeline=settings.max_pipeline,
+            header_timeout=settings.client_header_timeout,
+            send_timeout=settings.client_send_timeout,
         )
+        self._inline_parse_max = settings.inline_parse_max
+        self._parser = ParsePool(settings.parse_workers, settings.parse_worker_memory)
         self.upstreams = Upstreams(
             PoolOptions(
                 connect_timeout=settings.connect_timeout,
@@ -123,10 +146,18 @@ class Proxy:
             waiting=self._waiting,
             first_byte_timeout=settings.first_byte_timeout,
         )
-        self._connections = ConnectionRegistry()
-        self._servers: list[asyncio.Server] = []
-        self._local_connections = ConnectionRegistry()
-        self._local_servers: list[asyncio.Server] = []
+        limit = settings.connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._connections = ConnectionRegistry(
+            limit=limit,
+            body_budget=settings.max_buffered_body_bytes,
+            on_full=lambda: self.resources.exhausted(
+                "connections", f"{limit} client connections open (--max-connections)"
+            ),
+        )
+        self._servers: list[ClientListener] = []
+        # The admin port's connections: no cap of their own, the same body budget.
+        self._local_connections = ConnectionRegistry(body_budget=self._connections.bodies)
+        self._local_servers: list[ClientListener] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._id_prefix = os.urandom(6).hex().encode() + b"-"
@@ -137,6 +168,11 @@ class Proxy:
     def in_flight(self) -> int:
         """Client requests received and not yet answered, proxied or local."""
         return self._connections.active
+
+    @property
+    def connections(self) -> ConnectionRegistry:
+        """The open client connections, their limit and the request-body bytes they hold."""
+        return self._connections
 
     @property
     def awaiting_first_byte(self) -> int:
@@ -165,6 +201,7 @@ class Proxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(0)  # the aborted connections' connection_lost release their upstreams
         self.upstreams.close()
+        await self._parser.close()
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -185,7 +222,7 @@ class Proxy:
 
         return HttpServerProtocol(handle, self.limits, self._local_connections, loop)
 
-    def _attach_server(self, server: asyncio.Server) -> None:
+    def _attach_server(self, server: ClientListener) -> None:
         self._servers.append(server)
 
     def _on_fleet_change(self, change: FleetChange) -> None:
@@ -237,7 +274,37 @@ class Proxy:
     def _forward(self, request: Request, responder: Responder) -> None:
         loop = self._loop or asyncio.get_running_loop()
         started = loop.time()
+        if len(request.body) > self._inline_parse_max:
+            # Parsing a large body could stall the loop: a worker process reads it.
+            task = self._spawn(self._forward_read(request, responder, loop, started))
+            responder.attach(TaskExchange(task))
+            return
         decision = admit(request, self.fleet.snapshot, self.policy)
+        self._proceed(request, responder, decision, loop, started)
+
+    async def _forward_read(
+        self,
+        request: Request,
+        responder: Responder,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
+        try:
+            read = await self._parser.read(request.body, self.policy.key_source, request.headers)
+            decision = admit_read(read, self.fleet.snapshot, self.policy)
+            self._proceed(request, responder, decision, loop, started)
+        except Exception:
+            _log.exception("routing a request with a large body failed")
+            responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
+
+    def _proceed(
+        self,
+        request: Request,
+        responder: Responder,
+        decision: Admitted | Refused,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
         if isinstance(decision, Refused):
             self._refuse(request, responder, decision, started)
             return
@@ -276,11 +343,16 @@ class Proxy:
 
 async def start_server(
     proxy: Proxy, host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048
-) -> asyncio.Server:
+) -> ClientListener:
     """Listen for clients; `reuse_port` lets several worker processes share the port."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: proxy.protocol(loop), host, port, reuse_port=reuse_port or None, backlog=backlog
+    server = await listen(
+        host,
+        port,
+        lambda: proxy.protocol(loop),
+        proxy.resources,
+        reuse_port=reuse_port,
+        backlog=backlog,
     )
     proxy._attach_server(server)
     return server
@@ -288,10 +360,10 @@ async def start_server(
 
 async def start_local_server(
     proxy: Proxy, local: LocalHandler, host: str, port: int
-) -> asyncio.Server:
+) -> ClientListener:
     """Listen for requests only `local` answers, with no key (the admin port); closed by
     `proxy.close()`, not by the drain."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: proxy.local_protocol(loop, local), host, port)
+    server = await listen(host, port, lambda: proxy.local_protocol(loop, local), proxy.resources)
     proxy._local_servers.append(server)
     return server

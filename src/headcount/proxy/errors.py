@@ -15,9 +15,12 @@ from headcount.fleet import Snapshot
 from headcount.metrics import UNKNOWN_MODEL
 
 __all__ = [
+    "BODY_TOO_COMPLEX",
+    "BODY_UNREADABLE_NOW",
     "INTERNAL_ERROR",
     "INVALID_API_KEY",
     "INVALID_JSON",
+    "JSON_TOO_DEEP",
     "MISSING_API_KEY",
     "MISSING_MODEL",
     "NOT_AN_OBJECT",
@@ -51,6 +54,18 @@ MISSING_MODEL = _answer(
     400, "request body must name a `model` (a string)", "invalid_request_error", "missing_model"
 )
 INTERNAL_ERROR = ErrorAnswer(500, INTERNAL_ERROR_BODY)
+JSON_TOO_DEEP = _answer(
+    400, "request body is JSON nested too deeply", "invalid_request_error", "invalid_json"
+)
+BODY_TOO_COMPLEX = _answer(
+    413,
+    "request body is too complex to read within the router's memory bound",
+    "invalid_request_error",
+    "request_too_large",
+)
+BODY_UNREADABLE_NOW = _answer(
+    503, "the router could not read the request body right now", "service_unavailable", "overloaded"
+)
 MISSING_API_KEY = _answer(
     401,
     "no API key: send it as `Authorization: Bearer <key>`",

@@ -62,13 +62,13 @@ def find_header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> bytes | No
 def _end_to_end(
     headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
 ) -> list[tuple[bytes, bytes]]:
-    """`headers` without `drop`, `proxy-*` and whatever the `connection` header names."""
+    """`headers` without `drop`, `proxy-*` and whatever any `connection` header line names."""
     kept: list[tuple[bytes, bytes]] = []
     listed: frozenset[bytes] = frozenset()
     for name, value in headers:
         if name in drop or name.startswith(b"proxy-"):
             if name == b"connection":
-                listed = connection_tokens(value)
+                listed |= connection_tokens(value)
             continue
         kept.append((name, value))
     if listed:
