@@ -140,7 +140,8 @@ async def test_chat_completion_has_vllm_shape(
     (choice,) = payload["choices"]
     assert choice["message"]["role"] == "assistant" and choice["message"]["content"]
     assert choice["finish_reason"] == "length"
-    assert payload["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    # ChatML around "say hi": <|im_start|> user \n say ␣hi <|im_end|> \n <|im_start|> assistant \n
+    assert payload["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
 
 async def test_text_completion_for_an_adapter_has_vllm_shape(

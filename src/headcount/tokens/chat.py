@@ -12,17 +12,29 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypedDict, Unpack
 
 from headcount.tokens.errors import ChatTemplateError
 from headcount.tokens.segments import Segments
 from headcount.tokens.template import ChatTemplate
 from headcount.tokens.vocabulary import Vocabulary
 
-__all__ = ["ChatTokenizer"]
+__all__ = ["ChatOptions", "ChatTokenizer"]
 
 _SEGMENT_CACHE = 4096
 """Distinct pieces of text kept encoded: a few thousand tenants' system prompts."""
 _RESERVED_KWARGS = frozenset({"tokenize", "chat_template", "messages", "add_generation_prompt"})
+
+
+class ChatOptions(TypedDict, total=False):
+    """How to render a chat, as vLLM's chat requests say it."""
+
+    add_generation_prompt: bool
+    """Default true: end with the header of the assistant's turn."""
+    continue_final_message: bool
+    """Default false: leave the last message open, for the model to continue."""
+    tools: Sequence[object] | None
+    chat_template_kwargs: Mapping[str, object] | None
 
 
 class ChatTokenizer:
@@ -52,27 +64,20 @@ class ChatTokenizer:
         }
         self._segments = Segments(vocabulary, wanted | set(special_tokens.values()), _SEGMENT_CACHE)
 
-    def render(
-        self,
-        messages: Sequence[object],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        tools: Sequence[object] | None = None,
-        chat_template_kwargs: Mapping[str, object] | None = None,
-    ) -> str:
+    def render(self, messages: Sequence[object], **options: Unpack[ChatOptions]) -> str:
         """The chat's text, as the model's template writes it."""
-        kwargs = dict(chat_template_kwargs or {})
+        kwargs = dict(options.get("chat_template_kwargs") or {})
         reserved = _RESERVED_KWARGS & kwargs.keys()
         if reserved:
             raise ChatTemplateError(f"chat_template_kwargs may not set {sorted(reserved)}")
+        tools = options.get("tools")
         template = self._templates["default"]
         if tools is not None:
             template = self._templates.get("tool_use", template)
         return template.render(
             messages,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
+            add_generation_prompt=options.get("add_generation_prompt", True),
+            continue_final_message=options.get("continue_final_message", False),
             tools=tools,
             variables={**self._special_tokens, **kwargs},
         )
@@ -81,21 +86,11 @@ class ChatTokenizer:
         self,
         messages: Sequence[object],
         *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        tools: Sequence[object] | None = None,
-        chat_template_kwargs: Mapping[str, object] | None = None,
         add_special_tokens: bool = False,
+        **options: Unpack[ChatOptions],
     ) -> list[int]:
         """The chat's token ids (the tokenizer's BOS etc. on top only with `add_special_tokens`)."""
-        text = self.render(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tools=tools,
-            chat_template_kwargs=chat_template_kwargs,
-        )
-        return self.encode(text, add_special_tokens=add_special_tokens)
+        return self.encode(self.render(messages, **options), add_special_tokens=add_special_tokens)
 
     def prompt_ids(
         self, prompt: str | Sequence[int], *, add_special_tokens: bool = True

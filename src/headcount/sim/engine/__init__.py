@@ -46,12 +46,14 @@ from headcount.sim.engine.cli import (
 )
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig, FailMode
 from headcount.sim.engine.server import SimEngine, running_engine, start_engine
+from headcount.sim.engine.timebase import Timebase
 
 __all__ = [
     "FAIL_MODES",
     "EngineSimConfig",
     "FailMode",
     "SimEngine",
+    "Timebase",
     "add_arguments",
     "config_from_args",
     "running_engine",
