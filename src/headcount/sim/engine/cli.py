@@ -47,11 +47,13 @@ def _tokenizer_dir(value: str) -> str:
     return value
 
 
-def _positive(kind: Callable[[str], N]) -> Callable[[str], N]:
+def _above(kind: Callable[[str], N], low: N) -> Callable[[str], N]:
+    """`kind` parsed, and more than `low`."""
+
     def parse(value: str) -> N:
         number = kind(value)
-        if not number > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, not {value}")
+        if not number > low:
+            raise argparse.ArgumentTypeError(f"must be more than {low}, not {value}")
         return number
 
     return parse
@@ -99,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-blocks",
-        type=_positive(int),
+        type=_above(int, 1),
         default=defaults.kv_blocks,
         metavar="N",
         help="simulate a prefix cache of N KV blocks (vLLM's num_gpu_blocks, the null block "
@@ -107,13 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--block-size",
-        type=_positive(int),
+        type=_above(int, 0),
         default=defaults.block_size,
         help=f"tokens per KV block (default {defaults.block_size})",
     )
     parser.add_argument(
         "--prefill-tokens-per-s",
-        type=_positive(float),
+        type=_above(float, 0.0),
         default=defaults.prefill_tokens_per_s,
         help="uncached prompt tokens prefilled per second, shared first come first served "
         f"(default {defaults.prefill_tokens_per_s:g}, an 8B model on one H100; "
