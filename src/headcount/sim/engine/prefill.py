@@ -45,6 +45,7 @@ class PrefillPipeline:
         """Queue `tokens` prompt tokens; when they will be done."""
         start = max(self._clock(), self._free_at)
         self._free_at = start + tokens / self.tokens_per_s
+        self.not_started()  # forget the starts that have passed
         self._starts.append(start)
         return self._free_at
 
