@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from headcount.sim import cluster
@@ -21,6 +22,7 @@ __all__ = [
     "HISTOGRAMS",
     "METRIC_LABELS",
     "EngineConnection",
+    "KvEventRecorder",
     "RawEngine",
     "Script",
     "blackholed_listener",
@@ -155,6 +157,47 @@ def blackholed_listener() -> Iterator[int]:
         for filler in fillers:
             filler.close()
         listener.close()
+
+
+# ------------------------------------------------------------------ a simulated engine's KV events
+
+
+@dataclass
+class KvEventRecorder:
+    """A `KvEventSink` keeping every batch of events, each event a tuple."""
+
+    batches: list[list[tuple[object, ...]]] = field(default_factory=list)
+    current: list[tuple[object, ...]] = field(default_factory=list)
+
+    def stored(
+        self,
+        block_hashes: Sequence[int],
+        parent_block_hash: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None,
+    ) -> None:
+        event = ("stored", list(block_hashes), parent_block_hash, list(token_ids))
+        self.current.append((*event, block_size, lora_name))
+
+    def removed(self, block_hashes: Sequence[int]) -> None:
+        self.current.append(("removed", list(block_hashes)))
+
+    def cleared(self) -> None:
+        self.current.append(("cleared",))
+
+    def end_step(self) -> None:
+        self.batches.append(self.current)
+        self.current = []
+
+    def events(self) -> list[tuple[object, ...]]:
+        return [event for batch in self.batches for event in batch]
+
+    def take(self) -> list[tuple[object, ...]]:
+        """Every event so far, forgetting them."""
+        events = self.events()
+        self.batches.clear()
+        return events
 
 
 # ------------------------------------------------------------------ the metrics contract

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -140,7 +141,8 @@ async def test_chat_completion_has_vllm_shape(
     (choice,) = payload["choices"]
     assert choice["message"]["role"] == "assistant" and choice["message"]["content"]
     assert choice["finish_reason"] == "length"
-    assert payload["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    # ChatML around "say hi": <|im_start|> user \n say ␣hi <|im_end|> \n <|im_start|> assistant \n
+    assert payload["usage"] == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
 
 
 async def test_text_completion_for_an_adapter_has_vllm_shape(
@@ -425,6 +427,19 @@ def test_command_line_options_build_the_config() -> None:
         legacy_metrics=True,
     )
     assert config_from_args(parser.parse_args([])) == EngineSimConfig()
+
+
+def test_prefix_cache_options_build_the_config(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    args = f"--kv-blocks 100 --block-size 32 --prefill-tokens-per-s 8000 --tokenizer {tmp_path}"
+    config = config_from_args(parser.parse_args(args.split()))
+    assert (config.kv_blocks, config.block_size, config.prefill_tokens_per_s) == (100, 32, 8000.0)
+    assert config.tokenizer == str(tmp_path)
+    for bad in ("--kv-blocks 1", "--block-size 0", "--prefill-tokens-per-s 0", "--tokenizer /"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad.split())
 
 
 async def test_module_runs_as_a_program_and_stops_on_sigterm(

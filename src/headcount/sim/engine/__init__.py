@@ -12,6 +12,13 @@ vLLM's Prometheus metrics computed from its real state, and fails on demand::
 Scheduling: at most `max_running` requests generate at once (unlimited by
 default); the others wait in FIFO order. Each token takes `token_delay`
 seconds. A client that disconnects stops its generation and frees its slot.
+Prompts become the token ids vLLM would compute (`headcount.tokens`; a model's
+tokenizer directory with `tokenizer`). With `kv_blocks` the engine keeps a
+prefix cache as vLLM's (`kv_cache`, `block_pool`) and prefills uncached prompt
+tokens at `prefill_tokens_per_s` (`prefill`), reports hits in usage and
+metrics, shows its blocks under `/sim/kv-cache`, and sends block events to a
+`KvEventSink`. It also serves `/tokenize`, vLLM's render routes and the info
+routes peer routers read (`tokenize_api`).
 
 Failure modes (`FailMode`), switchable at runtime, also over `POST /sim/fail-mode`:
 
@@ -30,8 +37,9 @@ With `api_key` (vLLM's `--api-key`) every `/v1/` request needs
 `Authorization: Bearer <key>` and gets 401 without it; `/health`, `/metrics`
 and `/sim/` stay open.
 
-The admin API under `/sim/` (`fail-mode`, `adapters`, `stats`) ignores every
-failure mode but `refuse`, which can only be undone in-process. Every response
+The admin API under `/sim/` (`fail-mode`, `adapters`, `stats`, `kv-cache`,
+`reset_prefix_cache`) ignores every failure mode but `refuse`, which can only
+be undone in-process. Every response
 carries `x-engine-name` and echoes `x-request-id`; JSON completions also name
 the engine in `system_fingerprint`.
 
@@ -46,12 +54,14 @@ from headcount.sim.engine.cli import (
 )
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig, FailMode
 from headcount.sim.engine.server import SimEngine, running_engine, start_engine
+from headcount.sim.engine.timebase import Timebase
 
 __all__ = [
     "FAIL_MODES",
     "EngineSimConfig",
     "FailMode",
     "SimEngine",
+    "Timebase",
     "add_arguments",
     "config_from_args",
     "running_engine",

@@ -12,6 +12,8 @@ import contextlib
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import uvloop
 
@@ -19,6 +21,8 @@ from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig
 from headcount.sim.engine.server import running_engine
 
 __all__ = ["add_arguments", "config_from_args", "main", "serve_forever", "serve_until_signalled"]
+
+N = TypeVar("N", int, float)
 
 _DESCRIPTION = (
     "A vLLM-like inference engine on loopback, so tests, the demo and benchmarks need no GPU."
@@ -37,6 +41,24 @@ def _adapter_list(value: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
+def _tokenizer_dir(value: str) -> str:
+    if not (Path(value) / "tokenizer.json").is_file():
+        raise argparse.ArgumentTypeError(f"{value} holds no tokenizer.json")
+    return value
+
+
+def _above(kind: Callable[[str], N], low: N) -> Callable[[str], N]:
+    """`kind` parsed, and more than `low`."""
+
+    def parse(value: str) -> N:
+        number = kind(value)
+        if not number > low:
+            raise argparse.ArgumentTypeError(f"must be more than {low}, not {value}")
+        return number
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine simulator's command-line options, defaults from `EngineSimConfig`."""
     defaults = EngineSimConfig()
@@ -47,7 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--adapters", type=_adapter_list, default=defaults.adapters, help="LoRA adapters, a,b,c"
     )
     parser.add_argument(
-        "--token-delay", type=float, default=defaults.token_delay, help="seconds per token"
+        "--token-delay",
+        type=float,
+        default=defaults.token_delay,
+        help="seconds per output token, the first included (default 0: instant; "
+        "~0.01 for an 8B model on one H100)",
     )
     parser.add_argument("--fail-mode", choices=FAIL_MODES, default=defaults.fail_mode)
     parser.add_argument(
@@ -65,6 +91,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.api_key,
         help="as vLLM's: /v1/ requests need `Authorization: Bearer KEY` (default: open)",
     )
+    parser.add_argument(
+        "--tokenizer",
+        type=_tokenizer_dir,
+        default=defaults.tokenizer,
+        metavar="DIR",
+        help="a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with "
+        "the chat template); default: the built-in tokenizer and ChatML template",
+    )
+    parser.add_argument(
+        "--kv-blocks",
+        type=_above(int, 1),
+        default=defaults.kv_blocks,
+        metavar="N",
+        help="simulate a prefix cache of N KV blocks (vLLM's num_gpu_blocks, the null block "
+        "included) and prefill time; default: off (an 8B model on one H100 holds ~28000)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_above(int, 0),
+        default=defaults.block_size,
+        help=f"tokens per KV block (default {defaults.block_size})",
+    )
+    parser.add_argument(
+        "--prefill-tokens-per-s",
+        type=_above(float, 0.0),
+        default=defaults.prefill_tokens_per_s,
+        help="uncached prompt tokens prefilled per second, shared first come first served "
+        f"(default {defaults.prefill_tokens_per_s:g}, an 8B model on one H100; "
+        "with --kv-blocks)",
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
@@ -81,6 +137,10 @@ def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
         legacy_metrics=ns.legacy_metrics,
         max_model_len=ns.max_model_len,
         api_key=ns.api_key,
+        tokenizer=ns.tokenizer,
+        kv_blocks=ns.kv_blocks,
+        block_size=ns.block_size,
+        prefill_tokens_per_s=ns.prefill_tokens_per_s,
     )
 
 

@@ -34,6 +34,15 @@ class EngineSimConfig:
     max_model_len: int = 4096
     api_key: str | None = None
     """As vLLM's `--api-key`: `/v1/` requests need `Authorization: Bearer <key>`. None: open."""
+    tokenizer: str | None = None
+    """A Hugging Face tokenizer directory (`tokenizer.json`, chat template); None: built-in."""
+    kv_blocks: int | None = None
+    """vLLM's `num_gpu_blocks` (block 0 is the null block). Set: a prefix cache and prefill
+    time are simulated (`prefill`, `kv_cache`). None: neither, prompts take no time."""
+    block_size: int = 16
+    """Tokens per KV block."""
+    prefill_tokens_per_s: float = 16_000.0
+    """Prompt tokens the engine prefills per second, shared by the requests prefilling."""
 
     def __post_init__(self) -> None:
         if self.fail_mode not in FAIL_MODES:
@@ -44,3 +53,9 @@ class EngineSimConfig:
             raise ValueError("token_delay must be a finite number of seconds >= 0")
         if self.max_model_len < 1:
             raise ValueError("max_model_len must be at least 1")
+        if self.kv_blocks is not None and self.kv_blocks < 2:
+            raise ValueError("kv_blocks must be at least 2 (block 0 is the null block)")
+        if self.block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        if not (0 < self.prefill_tokens_per_s < math.inf):
+            raise ValueError("prefill_tokens_per_s must be a finite number > 0")

@@ -1,12 +1,12 @@
 """The OpenAI API vLLM serves: models, chat and text completions, streamed or not, and embeddings.
 
-Generation holds a scheduler slot for its whole length, takes `token_delay`
-per token and stops, freeing the slot, when the client goes away.
+Generation holds a scheduler slot for its whole length (and, with a prefix
+cache, its KV blocks, after waiting for its prompt's prefill), takes
+`token_delay` per token and stops, freeing the slot, when the client goes away.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 
@@ -14,13 +14,13 @@ from aiohttp import web
 
 from headcount.sim.engine.failures import die
 from headcount.sim.engine.parsing import (
-    Generation,
     Kind,
     embedding_inputs,
     parse_generation,
     parse_object,
     requested_model,
 )
+from headcount.sim.engine.prompts import completion_prompt_ids
 from headcount.sim.engine.responses import (
     ChunkFrames,
     completion_body,
@@ -28,6 +28,7 @@ from headcount.sim.engine.responses import (
     stream_head,
     usage_json,
 )
+from headcount.sim.engine.run import Run
 from headcount.sim.engine.state import EngineState
 from headcount.sim.engine.wire import JSON, REQUEST_ID, RequestError, json_bytes
 
@@ -69,41 +70,52 @@ class OpenAiApi:
         state = self._state
         try:
             raw = await request.read()
-            generation = parse_generation(raw, kind, state.config.model, state.models.served)
+            served = state.models.served
+            generation = parse_generation(raw, kind, state.config.model, served, state.tokenizer)
+            run = state.run(generation)
         except RequestError as error:
             return error.response()
-        async with state.scheduler:
+        async with state.scheduler.slot(run):
+            await run.prefill()
             if generation.stream:
-                return await self._stream(request, generation)
-            return await self._complete(request, generation)
+                return await self._stream(request, run)
+            return await self._complete(request, run)
 
-    async def _complete(self, request: web.Request, generation: Generation) -> web.Response:
-        await self._pace(generation.max_tokens)
+    async def _complete(self, request: web.Request, run: Run) -> web.Response:
+        done = 0
+        for tokens in run.checkpoints():
+            await self._pace(tokens - done)
+            run.generated(tokens)
+            done = tokens
         response = web.Response(content_type=JSON)
         if self._state.failures.mode == "die-mid-stream":
             die(request)
             return response
-        body = completion_body(generation, self._response_id(request), self._state.name)
+        response_id = self._response_id(request)
+        body = completion_body(run.generation, response_id, self._state.name, run.cached_tokens)
         response.body = json_bytes(body)
         self._state.served += 1
         return response
 
-    async def _stream(self, request: web.Request, generation: Generation) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, run: Run) -> web.StreamResponse:
+        generation = run.generation
         response = web.StreamResponse(headers={"Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         head, frames = stream_head(generation, self._response_id(request), self._state.name)
         ending = b"data: [DONE]\n\n"
         if generation.include_usage:
-            ending = head + b'"choices":[],"usage":' + usage_json(generation) + ending
+            usage = usage_json(generation, run.cached_tokens)
+            ending = head + b'"choices":[],"usage":' + usage + ending
         try:
             await response.prepare(request)
             if self._state.config.token_delay or self._state.failures.mode != "none":
-                if not await self._stream_tokens(response, generation, frames):
+                if not await self._stream_tokens(response, run, frames):
                     die(request)
                     return response
                 await response.write(ending)
             else:
                 # Tokens that take no time are all ready at once, so they leave in one write.
+                run.generated(generation.max_tokens)
                 await response.write(frames.all_chunks(generation.max_tokens) + ending)
         except ConnectionError:
             self._state.note_disconnect()
@@ -112,22 +124,23 @@ class OpenAiApi:
         return response
 
     async def _stream_tokens(
-        self, response: web.StreamResponse, generation: Generation, frames: ChunkFrames
+        self, response: web.StreamResponse, run: Run, frames: ChunkFrames
     ) -> bool:
         """Write each token as it is generated; False when the engine must die instead."""
         failures = self._state.failures
-        last = generation.max_tokens - 1
-        for index in range(generation.max_tokens):
+        tokens = run.generation.max_tokens
+        for index in range(tokens):
             await self._pace(1)
             if failures.dying(index):
                 return False
-            await response.write(frames.chunk(index, index == last))
-        return not failures.dying(generation.max_tokens)
+            run.generated(index + 1)
+            await response.write(frames.chunk(index, index == tokens - 1))
+        return not failures.dying(tokens)
 
     async def _pace(self, tokens: int) -> None:
         """The time `tokens` tokens take to generate, stretched by a hang."""
-        if self._state.config.token_delay:
-            await asyncio.sleep(self._state.config.token_delay * tokens)
+        if self._state.config.token_delay and tokens:
+            await self._state.timebase.sleep(self._state.config.token_delay * tokens)
         await self._state.failures.wait_while_hung()
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
@@ -141,13 +154,16 @@ class OpenAiApi:
             body = parse_object(await request.read())
             model = requested_model(body, state.config.model, state.models.served)
             inputs = embedding_inputs(body)
+            tokens = sum(
+                len(completion_prompt_ids({"prompt": item}, state.tokenizer)) for item in inputs
+            )
         except RequestError as error:
             return error.response()
         response = web.Response(content_type=JSON)
         if state.failures.mode == "die-mid-stream":
             die(request)
             return response
-        answer = embeddings_body(model, inputs, self._response_id(request), state.name)
+        answer = embeddings_body(model, inputs, self._response_id(request), state.name, tokens)
         response.body = json_bytes(answer)
         state.served += 1
         return response

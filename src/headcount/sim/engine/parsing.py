@@ -1,17 +1,20 @@
 """What a request asks the engine for: OpenAI bodies parsed and checked as vLLM checks them.
 
 A malformed body or an unknown model gets vLLM's status and error type (400
-BadRequestError, 404 NotFoundError), never a generation.
+BadRequestError, 404 NotFoundError), never a generation. The prompt becomes
+token ids (`prompts`); `max_completion_tokens` counts as `max_tokens` for chats.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from headcount.sim.engine.tokens import count_words
+from headcount.sim.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from headcount.sim.engine.wire import RequestError, bad_request
+from headcount.tokens import ChatTokenizer
 
 __all__ = [
     "Generation",
@@ -37,7 +40,11 @@ class Generation:
     stream: bool
     max_tokens: int
     include_usage: bool
-    prompt_tokens: int
+    prompt_ids: Sequence[int]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:
@@ -70,19 +77,12 @@ def _max_tokens(body: dict[str, Any], kind: Kind) -> int:
     return min(value, _MAX_TOKENS_CAP)
 
 
-def _prompt(body: dict[str, Any], kind: Kind) -> object:
-    field = "messages" if kind == "chat" else "prompt"
-    value = body.get(field)
-    if kind == "chat" and not isinstance(value, list):
-        raise bad_request("`messages` must be a list")
-    if value is None:
-        raise bad_request(f"`{field}` is required")
-    return value
-
-
-def parse_generation(raw: bytes, kind: Kind, base_model: str, served: frozenset[str]) -> Generation:
+def parse_generation(
+    raw: bytes, kind: Kind, base_model: str, served: frozenset[str], tokenizer: ChatTokenizer
+) -> Generation:
     body = parse_object(raw)
     model = requested_model(body, base_model, served)
+    prompt_ids = (chat_prompt_ids if kind == "chat" else completion_prompt_ids)(body, tokenizer)
     stream_options = body.get("stream_options")
     return Generation(
         kind=kind,
@@ -91,7 +91,7 @@ def parse_generation(raw: bytes, kind: Kind, base_model: str, served: frozenset[
         max_tokens=_max_tokens(body, kind),
         include_usage=isinstance(stream_options, dict)
         and stream_options.get("include_usage") is True,
-        prompt_tokens=count_words(_prompt(body, kind)),
+        prompt_ids=prompt_ids,
     )
 
 

@@ -30,5 +30,5 @@ class Probes:
     async def _metrics(self, request: web.Request) -> web.Response:
         state = self._state
         await state.failures.wait_while_hung()
-        text = render_metrics(state.config, state.scheduler, state.served)
+        text = render_metrics(state)
         return web.Response(body=text.encode(), headers=PROMETHEUS_HEADERS)

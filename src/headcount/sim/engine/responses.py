@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from headcount.sim.engine.parsing import Generation, Kind
-from headcount.sim.engine.tokens import TOKEN_JSON, count_words, text
+from headcount.sim.engine.tokens import TOKEN_JSON, text
 from headcount.sim.engine.wire import json_bytes
 
 __all__ = [
@@ -30,20 +30,26 @@ _OBJECT: dict[Kind, str] = {"chat": "chat.completion", "completion": "text_compl
 _CHUNK_OBJECT: dict[Kind, str] = {"chat": "chat.completion.chunk", "completion": "text_completion"}
 
 
-def _usage(generation: Generation) -> dict[str, int]:
-    return {
+def _usage(generation: Generation, cached_tokens: int | None) -> dict[str, object]:
+    """vLLM's usage; `prompt_tokens_details` only from an engine with a prefix cache."""
+    usage: dict[str, object] = {
         "prompt_tokens": generation.prompt_tokens,
         "total_tokens": generation.prompt_tokens + generation.max_tokens,
         "completion_tokens": generation.max_tokens,
     }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
 
 
-def usage_json(generation: Generation) -> bytes:
+def usage_json(generation: Generation, cached_tokens: int | None) -> bytes:
     """The usage object, closing the stream's last chunk."""
-    return json_bytes(_usage(generation)) + b"}\n\n"
+    return json_bytes(_usage(generation, cached_tokens)) + b"}\n\n"
 
 
-def completion_body(generation: Generation, response_id: str, name: str) -> dict[str, object]:
+def completion_body(
+    generation: Generation, response_id: str, name: str, cached_tokens: int | None
+) -> dict[str, object]:
     """A whole (non-streamed) chat or text completion, from engine `name`."""
     content = text(generation.max_tokens)
     choice: dict[str, object] = {"index": 0}
@@ -59,7 +65,7 @@ def completion_body(generation: Generation, response_id: str, name: str) -> dict
         "model": generation.model,
         "system_fingerprint": name,
         "choices": [choice],
-        "usage": _usage(generation),
+        "usage": _usage(generation, cached_tokens),
     }
 
 
@@ -117,9 +123,8 @@ def _embedding(value: object) -> list[float]:
 
 
 def embeddings_body(
-    model: str, inputs: list[object], response_id: str, name: str
+    model: str, inputs: list[object], response_id: str, name: str, tokens: int
 ) -> dict[str, object]:
-    tokens = count_words(inputs)
     data = [
         {"index": i, "object": "embedding", "embedding": _embedding(value)}
         for i, value in enumerate(inputs)

@@ -1,44 +1,102 @@
-"""Generation slots, as vLLM's scheduler gives them: at most `max_running` at once, the rest wait.
+"""Generation slots, as vLLM's scheduler gives them: first come first served, `max_running` at once.
 
-The running and waiting counts and the KV-cache usage derived from them are
-what the engine's metrics report, so a router's load signals come from real
-queueing rather than from numbers set by a test.
+A request may also need resources besides a slot (KV blocks): it says whether
+it could take them now (`admit`) and gives them back (`release`). The head of
+the queue blocks those behind it, as vLLM's FCFS policy does. The running and
+waiting counts, and the KV-cache usage derived from them when the engine
+simulates no blocks, are what the metrics report, so a router's load signals
+come from real queueing rather than from numbers set by a test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Scheduler"]
+__all__ = ["Admittable", "Scheduler"]
 
 _UNLIMITED_KV_SLOTS = 256
-"""With no `max_running`, KV usage is running / this: small, but moving with load."""
+"""With no `max_running`, slot-based KV usage is running / this: small, but moving with load."""
 
 
-class Scheduler:
-    """Running and waiting requests; enter it to hold a generation slot."""
+class Admittable(Protocol):
+    def admit(self) -> bool:
+        """Take what the request needs besides a slot; False (taking nothing) if it cannot."""
+        ...
+
+    def release(self) -> None: ...
+
+
+T = TypeVar("T", bound=Admittable)
+
+
+class Scheduler(Generic[T]):
+    """Running and waiting requests; hold `slot(request)` while generating."""
 
     def __init__(self, max_running: int | None) -> None:
         self.max_running = max_running
-        self.running = 0
-        self.waiting = 0
-        self._slots = asyncio.Semaphore(max_running) if max_running is not None else None
+        self.running: set[T] = set()
+        self._queue: collections.deque[tuple[T, asyncio.Future[None]]] = collections.deque()
+
+    @property
+    def waiting(self) -> list[T]:
+        """Requests queued for a slot, first in line first."""
+        return [request for request, future in self._queue if not future.done()]
 
     @property
     def kv_cache_usage(self) -> float:
         slots = self.max_running or _UNLIMITED_KV_SLOTS
-        return min(1.0, self.running / slots)
+        return min(1.0, len(self.running) / slots)
 
-    async def __aenter__(self) -> None:
-        if self._slots is not None:
-            self.waiting += 1
-            try:
-                await self._slots.acquire()
-            finally:
-                self.waiting -= 1
-        self.running += 1
+    @contextlib.asynccontextmanager
+    async def slot(self, request: T) -> AsyncIterator[None]:
+        """Wait for `request`'s turn and hold its slot and resources for the block."""
+        await self._enter(request)
+        try:
+            yield
+        finally:
+            self._leave(request)
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.running -= 1
-        if self._slots is not None:
-            self._slots.release()
+    async def _enter(self, request: T) -> None:
+        if not self._queue and self._starts(request):
+            return
+        future = asyncio.get_running_loop().create_future()
+        entry = (request, future)
+        self._queue.append(entry)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._leave(request)  # admitted as the cancellation landed
+            else:
+                with contextlib.suppress(ValueError):  # gone already if `_wake` saw it done
+                    self._queue.remove(entry)
+                self._wake()
+            raise
+
+    def _leave(self, request: T) -> None:
+        self.running.discard(request)
+        request.release()
+        self._wake()
+
+    def _starts(self, request: T) -> bool:
+        limit = self.max_running
+        if (limit is not None and len(self.running) >= limit) or not request.admit():
+            return False
+        self.running.add(request)
+        return True
+
+    def _wake(self) -> None:
+        queue = self._queue
+        while queue:
+            request, future = queue[0]
+            if future.done():
+                queue.popleft()
+            elif self._starts(request):
+                queue.popleft()
+                future.set_result(None)
+            else:
+                break

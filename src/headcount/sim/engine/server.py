@@ -1,7 +1,8 @@
 """A running simulated engine, as tests hold it: its address, its sockets and its fail mode.
 
 This is the Python API (`SimEngine`, `start_engine`, `running_engine`); the
-endpoints live in `openai`, `probes` and `admin`, over the shared `state`.
+endpoints live in `openai`, `tokenize_api`, `probes`, `admin` and `kv_admin`,
+over the shared `state`. Tests may run its timing on virtual time (`Timebase`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ from aiohttp import web
 from headcount.sim.engine.admin import SimAdmin
 from headcount.sim.engine.apikey import require_api_key
 from headcount.sim.engine.config import EngineSimConfig, FailMode
+from headcount.sim.engine.kv_admin import KvAdmin
+from headcount.sim.engine.kv_sink import KvEventSink
 from headcount.sim.engine.openai import OpenAiApi
 from headcount.sim.engine.probes import Probes
 from headcount.sim.engine.state import EngineState
+from headcount.sim.engine.timebase import REAL_TIME, Timebase
+from headcount.sim.engine.tokenize_api import TokenizeApi
 from headcount.sim.engine.wire import ENGINE_NAME, REQUEST_ID
+from headcount.tokens import load_tokenizer
 
 __all__ = ["SimEngine", "running_engine", "start_engine"]
 
@@ -28,10 +34,10 @@ _SHUTDOWN_TIMEOUT = 1.0
 class SimEngine:
     """A running simulated engine; get one from `start_engine` or `running_engine`."""
 
-    def __init__(self, config: EngineSimConfig) -> None:
+    def __init__(self, config: EngineSimConfig, timebase: Timebase = REAL_TIME) -> None:
         self.config = config
         self.port = config.port
-        self._state = EngineState(config)
+        self._state = EngineState(config, timebase)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
 
@@ -62,6 +68,15 @@ class SimEngine:
         """What the engine has done and is doing, for tests: the body of `/sim/stats`."""
         return self._state.stats()
 
+    def set_kv_sink(self, sink: KvEventSink) -> None:
+        """Send the prefix cache's events to `sink` (a KV-event publisher)."""
+        self._state.set_kv_sink(sink)
+
+    def reset_prefix_cache(self, *, announce: bool) -> bool:
+        """Forget the cached blocks: as vLLM's reset (`announce`, refused while requests hold
+        blocks) or silently, as a restart."""
+        return self._state.reset_prefix_cache(announce)
+
     async def drain(self, timeout: float = 10.0) -> None:
         """Stop as a terminating pod does: refuse new connections, finish what runs, then stop."""
         self._stop_listening()
@@ -80,6 +95,8 @@ class SimEngine:
             await self._runner.cleanup()
 
     async def _start(self) -> None:
+        if self.config.tokenizer is not None:
+            self._state.tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer)
         app = web.Application()
         if self.config.api_key is not None:
             app.middlewares.append(require_api_key(self.config.api_key, self._state))
@@ -87,8 +104,10 @@ class SimEngine:
         app.add_routes(
             [
                 *OpenAiApi(self._state).routes(),
+                *TokenizeApi(self._state).routes(),
                 *Probes(self._state).routes(),
                 *SimAdmin(self._state, self._switch_fail_mode).routes(),
+                *KvAdmin(self._state).routes(),
             ]
         )
         self._runner = web.AppRunner(
@@ -141,9 +160,9 @@ class SimEngine:
             response.headers[REQUEST_ID] = request_id
 
 
-async def start_engine(config: EngineSimConfig) -> SimEngine:
+async def start_engine(config: EngineSimConfig, timebase: Timebase = REAL_TIME) -> SimEngine:
     """Start an engine listening on `config.host`; stop it with `await engine.stop()`."""
-    engine = SimEngine(config)
+    engine = SimEngine(config, timebase)
     try:
         await engine._start()
     except BaseException:
@@ -153,9 +172,11 @@ async def start_engine(config: EngineSimConfig) -> SimEngine:
 
 
 @contextlib.asynccontextmanager
-async def running_engine(config: EngineSimConfig) -> AsyncIterator[SimEngine]:
+async def running_engine(
+    config: EngineSimConfig, timebase: Timebase = REAL_TIME
+) -> AsyncIterator[SimEngine]:
     """`async with running_engine(config) as engine:` an engine for the block's duration."""
-    engine = await start_engine(config)
+    engine = await start_engine(config, timebase)
     try:
         yield engine
     finally:
