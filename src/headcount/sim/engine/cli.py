@@ -16,6 +16,7 @@ from collections.abc import Callable
 import uvloop
 
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig
+from headcount.sim.engine.kv_events_config import add_kv_events_arguments, kv_events_from_args
 from headcount.sim.engine.server import running_engine
 
 __all__ = ["add_arguments", "config_from_args", "main", "serve_forever", "serve_until_signalled"]
@@ -65,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.api_key,
         help="as vLLM's: /v1/ requests need `Authorization: Bearer KEY` (default: open)",
     )
+    add_kv_events_arguments(parser)
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
@@ -81,6 +83,7 @@ def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
         legacy_metrics=ns.legacy_metrics,
         max_model_len=ns.max_model_len,
         api_key=ns.api_key,
+        kv_events=kv_events_from_args(ns),
     )
 
 

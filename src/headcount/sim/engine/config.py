@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from headcount.sim.engine.kv_events_config import KvEventsConfig
+
 __all__ = ["FAIL_MODES", "EngineSimConfig", "FailMode"]
 
 FailMode = Literal["none", "refuse", "hang", "die-mid-stream", "http-500"]
@@ -34,6 +36,8 @@ class EngineSimConfig:
     max_model_len: int = 4096
     api_key: str | None = None
     """As vLLM's `--api-key`: `/v1/` requests need `Authorization: Bearer <key>`. None: open."""
+    kv_events: KvEventsConfig | None = None
+    """Publish vLLM's KV-cache events over ZMQ (`kv_publisher`). None: off."""
 
     def __post_init__(self) -> None:
         if self.fail_mode not in FAIL_MODES:

@@ -15,6 +15,8 @@ from aiohttp import web
 from headcount.sim.engine.admin import SimAdmin
 from headcount.sim.engine.apikey import require_api_key
 from headcount.sim.engine.config import EngineSimConfig, FailMode
+from headcount.sim.engine.kv_events_api import KvEventsApi
+from headcount.sim.engine.kv_publisher import KvEventPublisher
 from headcount.sim.engine.openai import OpenAiApi
 from headcount.sim.engine.probes import Probes
 from headcount.sim.engine.state import EngineState
@@ -34,6 +36,12 @@ class SimEngine:
         self._state = EngineState(config)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
+        self.kv_events = (
+            KvEventPublisher(config.kv_events, config.host, self._reset_prefix_cache)
+            if config.kv_events is not None
+            else None
+        )
+        """The KV-event publisher (`config.kv_events`), a `KvEventSink`; None when off."""
 
     @property
     def name(self) -> str:
@@ -78,6 +86,16 @@ class SimEngine:
         self._drop_connections(keep=None)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.kv_events is not None:
+            await self.kv_events.close()
+
+    def _reset_prefix_cache(self) -> None:
+        """The KV-event `restart` fault's cache reset (no AllBlocksCleared).
+
+        NOTE(issue 9): the prefix cache is built on the parallel branch; once
+        merged, call the engine state's cache reset here and give the cache
+        `self.kv_events` as its `KvEventSink`.
+        """
 
     async def _start(self) -> None:
         app = web.Application()
@@ -91,6 +109,9 @@ class SimEngine:
                 *SimAdmin(self._state, self._switch_fail_mode).routes(),
             ]
         )
+        if self.kv_events is not None:
+            self.kv_events.start()
+            app.add_routes(KvEventsApi(self.kv_events, self._state.failures).routes())
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
