@@ -10,6 +10,7 @@ subscriber sees it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,18 @@ async def subscriber(engine: SimEngine) -> AsyncIterator[Subscriber]:
     subscriber.close()
 
 
+@contextlib.asynccontextmanager
+async def subscribed(config: EngineSimConfig) -> AsyncIterator[Subscriber]:
+    """A subscriber (not joined yet) to a running engine's publisher."""
+    async with running_engine(config) as engine:
+        assert engine.kv_events is not None
+        subscriber = Subscriber(engine.kv_events)
+        try:
+            yield subscriber
+        finally:
+            subscriber.close()
+
+
 async def set_faults(
     session: aiohttp.ClientSession, engine: SimEngine, **faults: object
 ) -> dict[str, Any]:
@@ -173,31 +186,26 @@ def as_the_simulator_sends(event: KvEvent, layout: Layout) -> KvEvent:
 async def test_live_batches_decode_to_the_events_vllm_published_in_the_fixtures(
     layout: Layout,
 ) -> None:
-    async with running_engine(kv_engine(layout)) as engine:
-        publisher = engine.kv_events
-        assert publisher is not None
-        subscriber = Subscriber(publisher)
-        try:
-            base = await subscriber.join()
-            # The fixtures' steps, fed as the prefix cache feeds them.
-            publisher.stored([11, 12], None, list(range(100, 132)), 16, None)
-            publisher.end_step()
-            publisher.stored([13], 12, list(range(200, 216)), 16, None)
-            publisher.removed([11])
-            publisher.end_step()
-            publisher.stored([21], None, list(range(200, 216)), 16, "sql-lora")
-            publisher.end_step()
-            publisher.cleared()
-            publisher.end_step()
-            fixture = expected_batches(VERSION_OF[layout])
-            for step in range(4):
-                seq, batch = await subscriber.next()
-                assert seq == base + 1 + step
-                expected = [as_the_simulator_sends(e, layout) for e in fixture[step].events]
-                assert batch.events == expected
-                assert batch.data_parallel_rank == 0
-        finally:
-            subscriber.close()
+    async with subscribed(kv_engine(layout)) as subscriber:
+        publisher = subscriber.publisher
+        base = await subscriber.join()
+        # The fixtures' steps, fed as the prefix cache feeds them.
+        publisher.stored([11, 12], None, list(range(100, 132)), 16, None)
+        publisher.end_step()
+        publisher.stored([13], 12, list(range(200, 216)), 16, None)
+        publisher.removed([11])
+        publisher.end_step()
+        publisher.stored([21], None, list(range(200, 216)), 16, "sql-lora")
+        publisher.end_step()
+        publisher.cleared()
+        publisher.end_step()
+        fixture = expected_batches(VERSION_OF[layout])
+        for step in range(4):
+            seq, batch = await subscriber.next()
+            assert seq == base + 1 + step
+            expected = [as_the_simulator_sends(e, layout) for e in fixture[step].events]
+            assert batch.events == expected
+            assert batch.data_parallel_rank == 0
 
 
 @pytest.mark.parametrize(
@@ -206,20 +214,14 @@ async def test_live_batches_decode_to_the_events_vllm_published_in_the_fixtures(
 async def test_high_hashes_go_out_signed_in_0_10_and_unsigned_in_current(
     layout: Layout, on_the_wire: list[int]
 ) -> None:
-    async with running_engine(kv_engine(layout)) as engine:
-        publisher = engine.kv_events
-        assert publisher is not None
-        subscriber = Subscriber(publisher)
-        try:
-            await subscriber.join()
-            publisher.stored([2**64 - 1], 2**63, list(range(16)), 16, None)
-            publisher.end_step()
-            _, batch = await subscriber.next()
-            stored = batch.events[0]
-            assert isinstance(stored, BlockStored)
-            assert [*stored.block_hashes, stored.parent_block_hash] == on_the_wire
-        finally:
-            subscriber.close()
+    async with subscribed(kv_engine(layout)) as subscriber:
+        await subscriber.join()
+        subscriber.publisher.stored([2**64 - 1], 2**63, list(range(16)), 16, None)
+        subscriber.publisher.end_step()
+        _, batch = await subscriber.next()
+        stored = batch.events[0]
+        assert isinstance(stored, BlockStored)
+        assert [*stored.block_hashes, stored.parent_block_hash] == on_the_wire
 
 
 # ---------------------------------------------------------------- replay
@@ -229,24 +231,19 @@ async def test_high_hashes_go_out_signed_in_0_10_and_unsigned_in_current(
 async def test_a_replay_from_0_after_more_than_the_buffer_starts_later_then_ends(
     layout: Layout,
 ) -> None:
-    async with running_engine(kv_engine(layout, buffer_steps=3)) as engine:
-        publisher = engine.kv_events
-        assert publisher is not None
-        subscriber = Subscriber(publisher)
-        try:
-            publish_steps(publisher, 5)
-            await published(publisher, 5)
-            reply = await subscriber.replay(0)
-            assert replayed_seqs(reply) == [2, 3, 4, END_SEQ]
-            assert reply[-1] == replay_end(layout)
-            frames_per_batch = 3 if layout == "0.10" else 4
-            assert all(len(frames) == frames_per_batch for frames in reply)
-            for step, frames in zip((2, 3, 4), reply, strict=False):
-                _, payload = parse_replay_reply(frames)
-                assert decode_batch(payload).events[0].block_hashes == [1000 + step]  # type: ignore[union-attr]
-                assert encode_batch(decode_batch(payload), layout) == payload
-        finally:
-            subscriber.close()
+    async with subscribed(kv_engine(layout, buffer_steps=3)) as subscriber:
+        publish_steps(subscriber.publisher, 5)
+        await published(subscriber.publisher, 5)
+        reply = await subscriber.replay(0)
+        assert replayed_seqs(reply) == [2, 3, 4, END_SEQ]
+        assert reply[-1] == replay_end(layout)
+        frames_per_batch = 3 if layout == "0.10" else 4
+        assert all(len(frames) == frames_per_batch for frames in reply)
+        for step, frames in zip((2, 3, 4), reply, strict=False):
+            _, payload = parse_replay_reply(frames)
+            batch = decode_batch(payload)
+            assert batch.events[0].block_hashes == [1000 + step]  # type: ignore[union-attr]
+            assert encode_batch(batch, layout) == payload
 
 
 # ---------------------------------------------------------------- faults

@@ -65,40 +65,21 @@ _Wire010 = _Stored010 | _Removed010 | _Cleared010
 # ---------------------------------------------------------------- current: tagged maps
 
 
-class _StoredCurrent(
-    msgspec.Struct, omit_defaults=True, gc=False, tag="BlockStored", tag_field="type"
-):
-    """vLLM 0.33's `BlockStored` exactly: the same fields, the same ones required.
+class _StoredCurrent(BlockStored, frozen=True, tag="BlockStored"):
+    """vLLM 0.33's `BlockStored` exactly: these three are required there, so always sent.
 
     msgspec sizes a struct's map header by its declared field count, so even
-    the fields never sent must be declared for the bytes to match vLLM's.
+    the fields never sent must be declared (they are, inherited) for the
+    bytes to match vLLM's. Redeclared fields keep their place.
     """
 
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
-    token_ids: list[int]
-    block_size: int
     lora_id: int | None
     medium: str | None
     lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
 
 
-class _RemovedCurrent(
-    msgspec.Struct, omit_defaults=True, gc=False, tag="BlockRemoved", tag_field="type"
-):
-    block_hashes: list[BlockHash]
+class _RemovedCurrent(BlockRemoved, frozen=True, tag="BlockRemoved"):
     medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
 
 
 class _WireBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
