@@ -236,29 +236,35 @@ class KvEventPublisher(KvEventSink):
                 continue
             try:
                 await pub.send_multipart(pub_frames(self._topic, seq, payload))
-            except zmq.ZMQError as exc:  # the seq is spent, as in vLLM
+            except zmq.ZMQError as exc:  # the seq is spent, as in vLLM (the batch stays buffered)
                 _log.warning("KV-event batch %d not sent: %s", seq, exc)
             else:
                 self.sent += 1
 
     async def _serve_replay(self, router: zmq.asyncio.Socket) -> None:
-        layout = self.config.layout
         while True:
             frames = await router.recv_multipart()
             if not self.faults.replay:
                 self.replays_ignored += 1
-                continue
-            if len(frames) != 3:
+            elif len(frames) != 3:
                 _log.warning("invalid KV-event replay request: %d frames", len(frames))
-                continue
-            identity, _, start = frames
-            start_seq = int.from_bytes(start, "big")
-            for seq, payload in list(self._buffer):  # a copy: sending may let batches in
-                if seq >= start_seq:
-                    reply = replay_reply(layout, self._topic, seq, payload)
-                    await router.send_multipart([identity, *reply])
-            await router.send_multipart([identity, *replay_end(layout)])
-            self.replays_answered += 1
+            else:
+                try:
+                    await self._answer_replay(router, *frames)
+                except zmq.ZMQError as exc:
+                    _log.warning("KV-event replay not answered: %s", exc)
+
+    async def _answer_replay(
+        self, router: zmq.asyncio.Socket, identity: bytes, delimiter: bytes, start: bytes
+    ) -> None:
+        layout = self.config.layout
+        start_seq = int.from_bytes(start, "big")
+        for seq, payload in list(self._buffer):  # a copy: sending may let batches in
+            if seq >= start_seq:
+                reply = replay_reply(layout, self._topic, seq, payload)
+                await router.send_multipart([identity, *reply])
+        await router.send_multipart([identity, *replay_end(layout)])
+        self.replays_answered += 1
 
     def _wire_hash(self, block_hash: int) -> int:
         if self.config.layout == "0.10" and block_hash > _I64_MAX:
