@@ -43,6 +43,10 @@ be undone in-process. Every response
 carries `x-engine-name` and echoes `x-request-id`; JSON completions also name
 the engine in `system_fingerprint`.
 
+With `kv_events` (`--kv-events-port`) it publishes its prefix cache's changes
+as vLLM's KV events over ZMQ, with a replay socket and faults under
+`/sim/kv-events` (`kv_publisher`, `kv_events_api`).
+
 Run alone with `python -m headcount.sim.engine --port 8100 --adapters a,b`.
 """
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 import uvloop
 
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig
+from headcount.sim.engine.kv_events_config import add_kv_events_arguments, kv_events_from_args
 from headcount.sim.engine.server import running_engine
 
 __all__ = ["add_arguments", "config_from_args", "main", "serve_forever", "serve_until_signalled"]
@@ -121,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {defaults.prefill_tokens_per_s:g}, an 8B model on one H100; "
         "with --kv-blocks)",
     )
+    add_kv_events_arguments(parser)
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
@@ -141,6 +143,7 @@ def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
         kv_blocks=ns.kv_blocks,
         block_size=ns.block_size,
         prefill_tokens_per_s=ns.prefill_tokens_per_s,
+        kv_events=kv_events_from_args(ns),
     )
 
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from headcount.sim.engine.kv_events_config import KvEventsConfig
+
 __all__ = ["FAIL_MODES", "EngineSimConfig", "FailMode"]
 
 FailMode = Literal["none", "refuse", "hang", "die-mid-stream", "http-500"]
@@ -43,6 +45,8 @@ class EngineSimConfig:
     """Tokens per KV block."""
     prefill_tokens_per_s: float = 16_000.0
     """Prompt tokens the engine prefills per second, shared by the requests prefilling."""
+    kv_events: KvEventsConfig | None = None
+    """Publish vLLM's KV-cache events over ZMQ (`kv_publisher`). None: off."""
 
     def __post_init__(self) -> None:
         if self.fail_mode not in FAIL_MODES:

@@ -17,6 +17,8 @@ from headcount.sim.engine.admin import SimAdmin
 from headcount.sim.engine.apikey import require_api_key
 from headcount.sim.engine.config import EngineSimConfig, FailMode
 from headcount.sim.engine.kv_admin import KvAdmin
+from headcount.sim.engine.kv_events_api import KvEventsApi
+from headcount.sim.engine.kv_publisher import KvEventPublisher
 from headcount.sim.engine.kv_sink import KvEventSink
 from headcount.sim.engine.openai import OpenAiApi
 from headcount.sim.engine.probes import Probes
@@ -40,6 +42,14 @@ class SimEngine:
         self._state = EngineState(config, timebase)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
+        self.kv_events = (
+            KvEventPublisher(config.kv_events, config.host, self._reset_prefix_cache)
+            if config.kv_events is not None
+            else None
+        )
+        """The KV-event publisher (`config.kv_events`), a `KvEventSink`; None when off."""
+        if self.kv_events is not None:
+            self._state.set_kv_sink(self.kv_events)
 
     @property
     def name(self) -> str:
@@ -93,6 +103,12 @@ class SimEngine:
         self._drop_connections(keep=None)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.kv_events is not None:
+            await self.kv_events.close()
+
+    def _reset_prefix_cache(self) -> None:
+        """The KV-event `restart` fault's cache reset: silent, as a restarted engine's."""
+        self._state.reset_prefix_cache(announce=False)
 
     async def _start(self) -> None:
         if self.config.tokenizer is not None:
@@ -110,6 +126,9 @@ class SimEngine:
                 *KvAdmin(self._state).routes(),
             ]
         )
+        if self.kv_events is not None:
+            self.kv_events.start()
+            app.add_routes(KvEventsApi(self.kv_events, self._state.failures).routes())
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
