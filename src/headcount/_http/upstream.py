@@ -124,6 +124,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._paused = False
         self.closed = False
         self._reset()
+        self._new_message()
 
     def _reset(self) -> None:
         self._received = False
@@ -134,8 +135,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._until_close = False
         self._keep_alive = True
         self._violation = ""
-        self._head_raw = 0
-        self._new_message()
+        self._head_raw = 0  # what each message has of its own is reset as it begins
 
     def _new_message(self) -> None:
         """Forget what an interim response said: the final one brings its own head."""
@@ -284,7 +284,9 @@ class UpstreamConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         self._headers.append((name, value))
-        self._count_head(len(name) + len(value) + 4)
+        self._head_size += len(name) + len(value) + 4  # `_count_head` inlined: once per header
+        if self._head_size > self._pool.max_head_size:
+            self._violate(self._head_too_large())
         if name == b"content-length":
             self._content_length = int(value)
         elif name == b"transfer-encoding":
