@@ -17,11 +17,9 @@ from headcount.config import (
     ProbeSettings,
     ProxySettings,
     Settings,
-    add_serve_arguments,
-    parse_duration,
-    settings_from_args,
 )
 from headcount.routing import RoutingName
+from headcount.serve_flags import add_serve_arguments, parse_duration, settings_from_args
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]

@@ -30,7 +30,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from headcount.config import add_serve_arguments, settings_from_args
+from headcount.serve_flags import add_serve_arguments, settings_from_args
 from tests.support import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS
 
 __all__: list[str] = []

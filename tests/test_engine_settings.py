@@ -15,9 +15,8 @@ from headcount.config import (
     ProbeSettings,
     ProxySettings,
     Settings,
-    add_serve_arguments,
-    settings_from_args,
 )
+from headcount.serve_flags import add_serve_arguments, settings_from_args
 
 __all__: list[str] = []
 

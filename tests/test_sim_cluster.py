@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from headcount.config import (
-    DiscoveryMode,
-    HealthSettings,
-    ProbeSettings,
-    ProxySettings,
-    Settings,
-    add_serve_arguments,
-    settings_from_args,
-)
+from headcount.config import DiscoveryMode, HealthSettings, ProbeSettings, ProxySettings, Settings
 from headcount.routing import RoutingName
+from headcount.serve_flags import add_serve_arguments, settings_from_args
 from headcount.sim.cluster import (
     RouterClient,
     RouterFlags,

@@ -14,7 +14,8 @@ from typing import Any
 import uvloop
 
 from headcount import __version__
-from headcount.config import ConfigError, add_serve_arguments, settings_from_args
+from headcount.config import ConfigError
+from headcount.serve_flags import add_serve_arguments, settings_from_args
 
 __all__ = ["main"]
 
