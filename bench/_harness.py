@@ -2,8 +2,9 @@
 
 A private network namespace (nothing leaves loopback), subprocesses in their own
 process groups that die with the harness, free ports, readiness polled with a
-deadline, CPU time read from /proc for a whole process tree, and wrk driven
-through `lua/openai.lua`, whose summary line is parsed here. Linux only.
+deadline, CPU time read from /proc for a whole process tree, a process's memory and
+open fds, and wrk driven through `lua/openai.lua`, whose summary line is parsed here.
+Linux only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from headcount.sim import loopback
 
@@ -37,7 +38,10 @@ __all__ = [
     "WrkResult",
     "enter_private_network",
     "free_port",
+    "headcount_at",
     "http_call",
+    "rss_and_fds",
+    "run_benchmark",
     "run_wrk",
     "tree_cpu_seconds",
     "wait_until",
@@ -72,6 +76,57 @@ def enter_private_network() -> None:
     unshare = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "-r", "--net"]
     os.environ[_NETNS_MARK] = "1"
     os.execvp(unshare[0], [*unshare, "--", sys.executable, *sys.argv])
+
+
+def headcount_at(rev: str, out_dir: Path) -> tuple[str, tuple[str, ...]]:
+    """headcount as it was at git revision `rev`: its short commit and the program that runs it.
+
+    Its `src/` is extracted with `git archive` under `out_dir` (once per commit) and run by
+    this interpreter with that tree first on `PYTHONPATH` (the dependencies are today's).
+    """
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", f"{rev}^{{commit}}"],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except subprocess.CalledProcessError as exc:
+        raise BenchError(f"--baseline {rev}: {exc.stderr.strip()}") from None
+    tree = out_dir / f"baseline-{commit}"
+    if not (tree / "src" / "headcount").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", commit, "src"], cwd=repo, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return commit, ("env", f"PYTHONPATH={tree / 'src'}", sys.executable, "-m", "headcount.cli")
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_benchmark(body: Callable[[], int], no_netns: bool = False) -> int:
+    """A benchmark's `main`: `body()` in a private network namespace (unless `no_netns`),
+    every started process stopped however it ends. A `BenchError` exits 2, an interrupt 130.
+    """
+    # Explicit, so a run started in the background (SIGINT ignored) still cleans up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
+    try:
+        if not no_netns:
+            enter_private_network()
+        return body()
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: every started process was stopped", file=sys.stderr, flush=True)
+        return 130
 
 
 def free_port() -> int:
@@ -255,6 +310,19 @@ def _descendants(root: int) -> Iterator[int]:
         pid = stack.pop()
         yield pid
         stack.extend(children.get(pid, ()))
+
+
+def rss_and_fds(pid: int) -> tuple[float, int] | None:
+    """Resident memory (VmRSS, MiB) and open file descriptors of `pid`; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024, fds
+    return None
 
 
 def tree_cpu_seconds(root: int) -> float:

@@ -45,14 +45,12 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import TypeVar
 
 from _harness import (
@@ -61,9 +59,10 @@ from _harness import (
     Proc,
     Processes,
     WrkResult,
-    enter_private_network,
     free_port,
+    headcount_at,
     http_call,
+    run_benchmark,
     run_wrk,
     tree_cpu_seconds,
     wait_until,
@@ -137,29 +136,8 @@ def _headcount(
 
 
 def baseline_target(rev: str, out_dir: Path) -> Target:
-    """headcount as it was at git revision `rev`, measured beside today's in the same rounds.
-
-    Its `src/` is extracted with `git archive` under `out_dir` and run by this interpreter
-    with that tree first on `PYTHONPATH` (the dependencies are today's).
-    """
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", f"{rev}^{{commit}}"],
-            cwd=BENCH,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except subprocess.CalledProcessError as exc:
-        raise BenchError(f"--baseline {rev}: {exc.stderr.strip()}") from None
-    tree = out_dir / f"baseline-{commit}"
-    if not (tree / "src" / "headcount").is_dir():
-        tree.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(
-            ["git", "archive", commit, "src"], cwd=BENCH.parent, check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    program = ("env", f"PYTHONPATH={tree / 'src'}", sys.executable, "-m", "headcount.cli")
+    """headcount as it was at git revision `rev`, measured beside today's in the same rounds."""
+    commit, program = headcount_at(rev, out_dir)
     return Target(
         f"headcount@{commit}",
         program=Path(sys.executable),
@@ -807,10 +785,6 @@ def _fatal(results: Sequence[WorkloadResult], settings: Settings) -> list[str]:
     ]
 
 
-def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _run(settings: Settings) -> int:
     started = datetime.datetime.now(datetime.UTC)
     stamp = started.strftime("%Y%m%d-%H%M%S")
@@ -833,21 +807,8 @@ def _run(settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Explicit, so a run started in the background (SIGINT ignored) still cleans up.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGHUP, _exit_on_signal)
     args = _parse(argv)
-    try:
-        if not args.no_netns:
-            enter_private_network()
-        return _run(_settings(args))
-    except BenchError as error:
-        _say(f"error: {error}")
-        return 2
-    except KeyboardInterrupt:
-        _say("interrupted: every started process was stopped")
-        return 130
+    return run_benchmark(lambda: _run(_settings(args)), args.no_netns)
 
 
 if __name__ == "__main__":
