@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench clean
+.PHONY: install test lint typecheck pytest demo bench bench-hostile clean
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
@@ -55,6 +55,11 @@ bench: install
 	bash bench/peers.sh
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/discovery.py
+	$(BIN)/python bench/hostile.py
+
+# Hostile clients and engines against the real process (about 5 minutes).
+bench-hostile: install
+	$(BIN)/python bench/hostile.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,738 @@
+"""Measure what hostile clients and broken engines cost everyone else: loop stalls, latency, memory.
+
+Method (the numbers are only as good as this):
+
+- The run re-executes itself in a private network namespace (`unshare --net`,
+  loopback only). Started once: one healthy engine (`python -m
+  headcount.sim.engine`, model `sim-model`) and one adversarial engine
+  (`bench/_evil_engine.py`, model `evil-model` unless a phase says otherwise, so
+  normal traffic never reaches it).
+- Each phase gets a fresh `headcount serve --discovery static` over both engines
+  (built with `headcount.sim.cluster.RouterFlags`; probe interval 1 s so the probe
+  attacks recur; every other setting is the router's default), and runs:
+  warm-up (normal traffic only; its last second is the baseline), the attack,
+  then an aftermath with the attack stopped. The measured window is attack +
+  aftermath; the `quiet` phase is the same with no attack, measured first.
+- Beside every attack, the observer (`bench/_observer.py`, its own process) keeps
+  a `GET /livez` on one keep-alive connection every 5 ms (the router answers it
+  itself: its latency is how long the event loop takes to get to it) and 50 small
+  `sim-model` chats per second, open loop. *Worst stall* = the slowest `/livez` in
+  the window minus the quiet phase's median. Normal p50/p99 cover every request
+  started in the window, failures at the time they failed.
+- This script samples the router's VmRSS and open fds (`/proc/<pid>/status`,
+  `/proc/<pid>/fd`) every 100 ms: peak over the baseline, and *after* = the median
+  of the window's last second over the baseline (does it come back?).
+- The attacks (`bench/_attacks.py`, their own process) and the adversarial engine
+  run at nice 10: their own CPU use on 2 shared cores should not pass for the
+  router's stalls. What each attack does is in that module's docstring; the
+  adversarial engine's answers in `bench/_evil_engine.py`.
+- Targets (from issue 8), per phase: worst stall < 20 ms; peak RSS over baseline
+  <= 2 x the body limit per concurrent upload (one body limit's worth twice for a
+  phase without uploads), and for the 2-byte chunks at most twice the body bytes
+  the heaviest wave sent (+16 MiB): buffers proportional to the bytes actually
+  held; RSS after within one body limit of the baseline; fds
+  after within 5 of it; normal p99 <= quiet p99 + 20 ms; no failed normal request;
+  and the phase's own check (no planted response reached a client; an engine with
+  nested JSON models fails its probes; requests on a hung engine end within 1 s of
+  the router marking it unhealthy). A missed target is reported, not an error.
+
+Usage: `.venv/bin/python bench/hostile.py [--quick] [--phases a,b,f-header,...]`.
+Exit 0 when every phase was measured, 2 on a setup error. The report is printed
+and written to `bench/out/hostile-<timestamp>.md`, every process's log and the raw
+samples in `bench/out/hostile-<timestamp>-logs/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _harness import (
+    BenchError,
+    Proc,
+    Processes,
+    free_port,
+    headcount_at,
+    http_call,
+    rss_and_fds,
+    run_benchmark,
+    wait_until,
+)
+
+import headcount
+from headcount.config import DiscoveryMode, ProxySettings
+from headcount.sim.cluster import PYTHON_CLI, RouterFlags, Timings, serve_command
+
+__all__ = ["PHASES", "Phase", "Sample", "Scale", "main", "percentile", "summarise"]
+
+BENCH = Path(__file__).resolve().parent
+SIM_MODEL = "sim-model"
+EVIL_MODEL = "evil-model"
+MIB = 1024 * 1024
+BODY_LIMIT_MIB = ProxySettings().max_body_size / MIB
+STALL_TARGET_MS = 20.0
+P99_BUDGET_MS = 20.0
+FD_SLACK = 5
+HUNG_GRACE_S = 1.0
+HELD_SLACK_MIB = 16.0
+SAMPLE_EVERY_S = 0.1
+NICE = ("nice", "-n", "10")
+ROUTER_TIMINGS = Timings(probe_interval=1.0, drain_delay=0.0, drain_timeout=1.0)
+"""Probes every second, so a probe attack recurs within a phase; no drain wait on stop."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    title: str
+    attack: str | None = None
+    """The client-side attack in bench/_attacks.py, if any."""
+    evil_mode: str | None = None
+    """The adversarial engine's mode during the attack, if not `healthy`."""
+    evil_model: str = EVIL_MODEL
+    uploads: str = ""
+    """The `Scale` field counting concurrent uploads (the RSS allowance), if any."""
+    hold_evil: bool = False
+    """Keep the engine's mode until the observer is done (a hung engine stays hung)."""
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase("quiet", "no attack: the reference"),
+    Phase("a-json", "31 MiB JSON bodies of nested empty arrays, unknown model", "json-bodies",
+          uploads="json_clients"),
+    Phase("b-chunks", "31 MiB bodies in 2-byte chunks, waves of uploads that disconnect",
+          "chunk-waves", uploads="chunk_clients"),
+    Phase("c-pipeline", "pipelined GET /v1/models, never read", "pipeline"),
+    Phase("d-slowloris", "request heads at one byte per second", "slowloris"),
+    Phase("e-idle", "idle connections", "idle"),
+    Phase("f-metrics", "engine: 100 MiB /metrics", evil_mode="metrics"),
+    Phase("f-adapters", "engine: /v1/models with 200,000 adapters", evil_mode="adapters"),
+    Phase("f-header", "engine: a 64 MiB response header value", "evil-requests",
+          evil_mode="header"),
+    Phase("f-desync", "engine: extra and early responses (4 variants)", "desync",
+          evil_mode="desync"),
+    Phase("f-nested", "engine: /v1/models nested 100,000 deep", evil_mode="nested"),
+    Phase("g-hung", "engine serving sim-model accepts, then never answers", evil_mode="hang",
+          evil_model=SIM_MODEL, hold_evil=True),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scale:
+    warmup_s: float = 3.0
+    attack_s: float = 10.0
+    aftermath_s: float = 5.0
+    json_clients: int = 4
+    chunk_clients: int = 25
+    chunk_waves: int = 4
+    pipeline_connections: int = 4
+    slowloris_connections: int = 500
+    idle_connections: int = 2000
+    evil_clients: int = 2
+    client_timeout_s: float = 30.0
+    rate: float = 50.0
+
+    def attack_args(self, attack: str) -> list[str]:
+        counts = {
+            "json-bodies": ("--clients", self.json_clients),
+            "chunk-waves": ("--clients", self.chunk_clients),
+            "pipeline": ("--connections", self.pipeline_connections),
+            "slowloris": ("--connections", self.slowloris_connections),
+            "idle": ("--connections", self.idle_connections),
+            "evil-requests": ("--clients", self.evil_clients),
+            "desync": ("--clients", self.evil_clients),
+        }
+        flag, value = counts[attack]
+        return [flag, str(value), "--waves", str(self.chunk_waves)]
+
+
+QUICK = Scale(
+    warmup_s=1.5,
+    attack_s=3.0,
+    aftermath_s=1.5,
+    chunk_waves=2,
+    slowloris_connections=200,
+    client_timeout_s=5.0,
+)
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    rss_mib: float
+    fds: int
+
+
+@dataclass
+class PhaseRun:
+    """What one phase produced; the report's row is computed from it by `summarise`."""
+
+    phase: Phase
+    t_attack: float
+    t_stop: float
+    t_end: float
+    livez: list[tuple[float, float, bool]] = field(default_factory=list)
+    normal: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    attack_stats: dict[str, Any] = field(default_factory=dict)
+    evil_stats: dict[str, Any] = field(default_factory=dict)
+    evil_engine: dict[str, Any] | None = None
+    """The adversarial engine as the router's `/engines` shows it after the phase."""
+    unhealthy_after_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# --- pure analysis ----------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of `values`; None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class Row:
+    worst_stall_ms: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    normal_sent: int
+    normal_failed: int
+    rss_base_mib: float | None
+    rss_peak_over_mib: float | None
+    rss_after_over_mib: float | None
+    fds_base: int | None
+    fds_peak: int | None
+    fds_after: int | None
+    missed: tuple[str, ...]
+
+
+def summarise(run: PhaseRun, quiet: Row | None, quiet_livez_ms: float | None, scale: Scale) -> Row:
+    """One phase's row: its measurements over the window, judged against the targets."""
+    window = (run.t_attack, run.t_end)
+    livez = [ms for t, ms, _ in run.livez if window[0] <= t < window[1]]
+    normal = [r for r in run.normal if window[0] <= r["t"] < window[1]]
+    failed = sum(1 for r in normal if r["st"] != 200 or r["err"])
+    latencies = [float(r["ms"]) for r in normal]
+    worst = max(livez) - (quiet_livez_ms or 0.0) if livez else None
+    base = [s for s in run.samples if run.t_attack - 1.0 <= s.t < run.t_attack]
+    during = [s for s in run.samples if window[0] <= s.t <= window[1]]
+    tail = [s for s in run.samples if window[1] - 1.0 <= s.t <= window[1]]
+    rss_base = _median([s.rss_mib for s in base])
+    fds_base = int(statistics.median([s.fds for s in base])) if base else None
+    peak_over = after_over = None
+    if rss_base is not None and during:
+        peak_over = max(s.rss_mib for s in during) - rss_base
+    if rss_base is not None and tail:
+        after_over = statistics.median([s.rss_mib for s in tail]) - rss_base
+    fds_after = int(statistics.median([s.fds for s in tail])) if tail else None
+    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    row = Row(
+        worst_stall_ms=worst,
+        p50_ms=p50,
+        p99_ms=p99,
+        normal_sent=len(normal),
+        normal_failed=failed,
+        rss_base_mib=rss_base,
+        rss_peak_over_mib=peak_over,
+        rss_after_over_mib=after_over,
+        fds_base=fds_base,
+        fds_peak=max((s.fds for s in during), default=None),
+        fds_after=fds_after,
+        missed=(),
+    )
+    return Row(**{**row.__dict__, "missed": _missed(run, row, quiet, scale)})
+
+
+def _uploads(run: PhaseRun, scale: Scale) -> int:
+    return int(getattr(scale, run.phase.uploads)) if run.phase.uploads else 0
+
+
+def _missed(run: PhaseRun, row: Row, quiet: Row | None, scale: Scale) -> tuple[str, ...]:
+    missed: list[str] = []
+    allowance = 2 * BODY_LIMIT_MIB * max(1, _uploads(run, scale))
+    if row.worst_stall_ms is None or row.worst_stall_ms >= STALL_TARGET_MS:
+        missed.append("stall")
+    quiet_p99 = quiet.p99_ms if quiet is not None else None
+    if quiet_p99 is not None and (row.p99_ms is None or row.p99_ms > quiet_p99 + P99_BUDGET_MS):
+        missed.append("p99")
+    if row.rss_peak_over_mib is None or row.rss_peak_over_mib > allowance:
+        missed.append("RSS peak")
+    if row.rss_after_over_mib is None or row.rss_after_over_mib > BODY_LIMIT_MIB:
+        missed.append("RSS after")
+    if row.fds_after is None or row.fds_base is None or row.fds_after > row.fds_base + FD_SLACK:
+        missed.append("fds after")
+    if row.normal_failed:
+        missed.append("failed requests")
+    missed += _phase_check(run, row)
+    return tuple(missed)
+
+
+def _phase_check(run: PhaseRun, row: Row) -> list[str]:
+    name = run.phase.name
+    if name == "b-chunks":
+        held = max(run.attack_stats.get("body MiB sent per wave") or [0.0])
+        if row.rss_peak_over_mib is None or row.rss_peak_over_mib > 2 * held + HELD_SLACK_MIB:
+            return ["RSS per byte held"]
+    if name == "f-desync" and run.attack_stats.get("desynced answers", 0):
+        return ["desync"]
+    if name == "f-nested" and (run.evil_engine or {}).get("state") == "ready":
+        return ["probe error not a failure"]
+    if name == "g-hung":
+        waits = _hung_waits(run)
+        if run.unhealthy_after_s is None:
+            return ["hung engine never ejected"]
+        ejected_at = run.t_attack + run.unhealthy_after_s
+        late = [r for r in waits if r["t"] + r["ms"] / 1000 > ejected_at + HUNG_GRACE_S]
+        if late or any(r["st"] != 200 for r in waits):
+            return ["waits on a known-dead engine"]
+    return []
+
+
+def _hung_waits(run: PhaseRun) -> list[dict[str, Any]]:
+    ids = set(run.evil_stats.get("hung_ids", ()))
+    return [r for r in run.normal if r["id"] in ids]
+
+
+# --- running a phase --------------------------------------------------------------
+
+
+def _proc_sample(pid: int) -> Sample | None:
+    measured = rss_and_fds(pid)
+    return None if measured is None else Sample(time.monotonic(), *measured)
+
+
+def _engines(port: int, timeout_s: float = 2.0) -> list[dict[str, Any]] | None:
+    answer = http_call(port, "GET", "/engines", timeout_s=timeout_s)
+    if answer is None or not answer.ok:
+        return None
+    try:
+        engines: list[dict[str, Any]] = json.loads(answer.body)["engines"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return engines
+
+
+def _engine_at(port: int, url: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    return next((e for e in _engines(port, timeout_s) or [] if e.get("url") == url), None)
+
+
+class Bench:
+    """Both engines for the whole run; a router, an observer and an attacker per phase."""
+
+    def __init__(
+        self,
+        procs: Processes,
+        scale: Scale,
+        log_dir: Path,
+        rss_limit_mib: float,
+        program: tuple[str, ...] = PYTHON_CLI,
+    ) -> None:
+        self._procs = procs
+        self._program = program
+        self._scale = scale
+        self._log_dir = log_dir
+        self._rss_limit_mib = rss_limit_mib
+        self._sim_port = free_port()
+        self._evil_port = free_port()
+        self.sim_url = f"http://127.0.0.1:{self._sim_port}"
+        self.evil_url = f"http://127.0.0.1:{self._evil_port}"
+
+    def start_engines(self) -> None:
+        python = sys.executable
+        sim = self._procs.start(
+            "engine-sim",
+            [
+                python,
+                "-m",
+                "headcount.sim.engine",
+                "--port",
+                str(self._sim_port),
+                "--model",
+                SIM_MODEL,
+            ],
+            port=self._sim_port,
+        )
+        evil = self._procs.start(
+            "engine-evil",
+            [*NICE, python, str(BENCH / "_evil_engine.py"), "--port", str(self._evil_port)],
+            port=self._evil_port,
+        )
+        wait_until(lambda: _ok(http_call(self._sim_port, "GET", "/sim/stats")), 30, "sim", sim)
+        wait_until(lambda: self._evil("GET", "/_evil/stats") is not None, 30, "evil", evil)
+
+    def _evil(self, method: str, path: str, order: dict[str, str] | None = None) -> Any:
+        body = json.dumps(order).encode() if order is not None else None
+        answer = http_call(self._evil_port, method, path, body, timeout_s=5)
+        return json.loads(answer.body) if answer is not None and answer.ok else None
+
+    def _set_evil(self, mode: str, model: str) -> None:
+        if self._evil("POST", "/_evil/mode", {"mode": mode, "model": model}) is None:
+            raise BenchError(f"the adversarial engine did not take mode {mode}")
+
+    def run(self, phase: Phase) -> PhaseRun:
+        self._set_evil("healthy", phase.evil_model)
+        port = free_port()
+        flags = RouterFlags(
+            discovery=DiscoveryMode.STATIC,
+            backends=(self.sim_url, self.evil_url),
+            timings=ROUTER_TIMINGS,
+        )
+        router = self._procs.start(
+            f"router-{phase.name}",
+            serve_command(flags, host="127.0.0.1", port=port, program=self._program),
+            port=port,
+        )
+        try:
+            wait_until(lambda: self._both_ready(port), 30, "both engines ready", router)
+            return self._measure(phase, router, port)
+        finally:
+            self._procs.stop(router)
+            self._set_evil("healthy", EVIL_MODEL)
+
+    def _both_ready(self, port: int) -> bool:
+        engines = _engines(port)
+        return engines is not None and sum(e.get("state") == "ready" for e in engines) == 2
+
+    def _measure(self, phase: Phase, router: Proc, port: int) -> PhaseRun:
+        scale = self._scale
+        now = time.monotonic()
+        t_attack = now + scale.warmup_s
+        t_stop = t_attack + scale.attack_s
+        t_end = t_stop + scale.aftermath_s
+        run = PhaseRun(phase, t_attack, t_stop, t_end)
+        observed = self._log_dir / f"observer-{phase.name}.jsonl"
+        observer = self._procs.start(
+            f"observer-{phase.name}",
+            [
+                sys.executable,
+                str(BENCH / "_observer.py"),
+                *("--port", str(port), "--until", f"{t_end:.3f}", "--rate", str(scale.rate)),
+                *("--tag", phase.name, "--timeout", str(scale.client_timeout_s)),
+                *("--out", str(observed)),
+            ],
+        )
+        attacker = None
+        attacked = self._log_dir / f"attack-{phase.name}.json"
+        if phase.attack is not None:
+            attacker = self._procs.start(
+                f"attack-{phase.name}",
+                [
+                    *(*NICE, sys.executable, str(BENCH / "_attacks.py"), phase.attack),
+                    *("--port", str(port), "--start-at", f"{t_attack:.3f}"),
+                    *("--stop-at", f"{t_stop:.3f}", "--out", str(attacked)),
+                    *scale.attack_args(phase.attack),
+                ],
+            )
+        self._watch(run, router, port, until=t_attack)
+        if phase.evil_mode is not None:
+            self._set_evil(phase.evil_mode, phase.evil_model)
+        self._watch(run, router, port, until=t_stop, attacker=attacker)
+        if phase.evil_mode is not None and not phase.hold_evil:
+            run.evil_stats = self._evil("GET", "/_evil/stats") or {}
+            self._set_evil("healthy", phase.evil_model)
+        self._watch(run, router, port, until=t_end)
+        if phase.hold_evil:
+            # Until the last request the hung engine holds has ended; "after" is then.
+            bound = t_end + self._scale.client_timeout_s + 10
+            self._watch(run, router, port, until=bound, done=observer)
+            run.t_end = time.monotonic()
+            run.evil_stats = self._evil("GET", "/_evil/stats") or {}
+        self._finish(run, router, port, observer, attacker)
+        records = _read_jsonl(observed)
+        run.livez = [(r["t"], r["ms"], r["ok"]) for r in records if r["k"] == "l"]
+        run.normal = [r for r in records if r["k"] == "n"]
+        if attacker is not None and attacked.is_file():
+            run.attack_stats = json.loads(attacked.read_text())
+        (self._log_dir / f"samples-{phase.name}.json").write_text(
+            json.dumps([s.__dict__ for s in run.samples])
+        )
+        return run
+
+    def _watch(
+        self,
+        run: PhaseRun,
+        router: Proc,
+        port: int,
+        until: float,
+        attacker: Proc | None = None,
+        done: Proc | None = None,
+    ) -> None:
+        """Sample the router every 100 ms until `until` (or `done` exits); watch for its death
+        and runaway RSS; in a hung-engine phase, poll when the router ejects the engine."""
+        polled_at = 0.0
+        while time.monotonic() < until and (done is None or done.alive()):
+            if not router.alive():
+                if not any("router exited" in note for note in run.notes):
+                    run.notes.append(
+                        f"router exited ({router.popen.returncode}) during the phase: "
+                        f"{router.log_tail(1)}"
+                    )
+                return
+            sample = _proc_sample(router.pid)
+            if sample is not None:
+                run.samples.append(sample)
+                if sample.rss_mib > self._rss_limit_mib and attacker is not None:
+                    run.notes.append(
+                        f"attack stopped early: router RSS {sample.rss_mib:.0f} MiB over "
+                        f"--rss-limit {self._rss_limit_mib:.0f}"
+                    )
+                    self._procs.stop(attacker)
+                    attacker = None
+            if (
+                run.phase.hold_evil
+                and run.unhealthy_after_s is None
+                and time.monotonic() >= run.t_attack
+                and time.monotonic() - polled_at >= 0.5
+            ):
+                polled_at = time.monotonic()
+                engine = _engine_at(port, self.evil_url, timeout_s=1.0)
+                if engine is not None and engine.get("state") != "ready":
+                    run.unhealthy_after_s = time.monotonic() - run.t_attack
+            time.sleep(SAMPLE_EVERY_S)
+
+    def _finish(
+        self, run: PhaseRun, router: Proc, port: int, observer: Proc, attacker: Proc | None
+    ) -> None:
+        bound = self._scale.client_timeout_s + 15
+        for proc in (observer, attacker):
+            if proc is None:
+                continue
+            try:
+                proc.popen.wait(timeout=max(1.0, run.t_end + bound - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                run.notes.append(f"{proc.name} did not finish in time; stopped")
+                self._procs.stop(proc)
+        if router.alive():
+            run.evil_engine = _engine_at(port, self.evil_url)
+
+
+def _ok(answer: object) -> bool:
+    return answer is not None and getattr(answer, "ok", False)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --- report -----------------------------------------------------------------------
+
+
+def _f(value: float | None, digits: int = 1, sign: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def _row_line(run: PhaseRun, row: Row, quiet: Row | None) -> str:
+    quiet_lat = f"{_f(quiet.p50_ms)}/{_f(quiet.p99_ms)}" if quiet else "—"
+    verdict = "yes" if not row.missed else "**no**: " + ", ".join(row.missed)
+    return (
+        f"| {run.phase.name} | {_f(row.worst_stall_ms)} "
+        f"| {_f(row.p50_ms)}/{_f(row.p99_ms)} vs {quiet_lat} "
+        f"| {_f(row.rss_peak_over_mib, sign=True)} (base {_f(row.rss_base_mib, 0)}) "
+        f"| {_f(row.rss_after_over_mib, sign=True)} "
+        f"| {row.fds_peak if row.fds_peak is not None else '—'}/"
+        f"{row.fds_after if row.fds_after is not None else '—'} (base {row.fds_base}) "
+        f"| {row.normal_failed} of {row.normal_sent} | {verdict} |"
+    )
+
+
+def _details(run: PhaseRun, scale: Scale) -> list[str]:
+    lines = [f"- **{run.phase.name}** ({run.phase.title})"]
+    if run.attack_stats:
+        lines.append(f"  - adversary saw: `{json.dumps(run.attack_stats)}`")
+    engine = run.evil_engine
+    if engine is not None and run.phase.evil_mode is not None:
+        error = engine.get("last_error")
+        lines.append(
+            f"  - adversarial engine after the phase: {engine.get('state')}"
+            + (f" (`{str(error)[:160]}`)" if error else " (no error)")
+        )
+    if run.evil_stats.get("seen"):
+        lines.append(f"  - adversarial engine was asked: `{json.dumps(run.evil_stats['seen'])}`")
+    if run.phase.hold_evil:
+        lines.append(f"  - {_hung_summary(run, scale)}")
+    failures = [r for r in run.normal if r["t"] >= run.t_attack and (r["st"] != 200 or r["err"])]
+    if failures:
+        first = failures[0]
+        lines.append(
+            f"  - first failed normal request: {first['st'] or 'no answer'} after "
+            f"{first['ms'] / 1000:.2f} s: `{first['err'][:120]}`"
+        )
+    lines += [f"  - {note}" for note in run.notes]
+    return lines
+
+
+def _hung_summary(run: PhaseRun, scale: Scale) -> str:
+    waits = _hung_waits(run)
+    ejected = (
+        f"the router marked it unhealthy {run.unhealthy_after_s:.1f} s after it hung"
+        if run.unhealthy_after_s is not None
+        else "the router never marked it unhealthy"
+    )
+    if not waits:
+        return f"no normal request reached the hung engine; {ejected}"
+    seconds = [r["ms"] / 1000 for r in waits]
+    gave_up = sum(1 for r in waits if r["ms"] >= scale.client_timeout_s * 1000 - 50)
+    answered = sum(1 for r in waits if r["st"] == 200 and not r["err"])
+    return (
+        f"{len(waits)} normal requests reached the hung engine; they took p50 "
+        f"{_f(percentile(seconds, 50))} s, max {_f(max(seconds))} s; {answered} answered "
+        f"(failed over), {gave_up} gave up at the client timeout "
+        f"({scale.client_timeout_s:g} s); {ejected}"
+    )
+
+
+def _headcount_source() -> str:
+    tree = Path(headcount.__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(tree), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        rev = ""
+    return f"{tree} ({rev or 'not a git tree'})"
+
+
+def render(runs: Sequence[PhaseRun], scale: Scale, started: str, log_dir: Path, source: str) -> str:
+    quiet_run = next((run for run in runs if run.phase.name == "quiet"), None)
+    quiet_livez = None
+    quiet: Row | None = None
+    if quiet_run is not None:
+        window = [ms for t, ms, _ in quiet_run.livez if quiet_run.t_attack <= t < quiet_run.t_end]
+        quiet_livez = _median(window)
+        quiet = summarise(quiet_run, None, quiet_livez, scale)
+    rows = [(run, summarise(run, quiet, quiet_livez, scale)) for run in runs]
+    header = [
+        f"# Hostile input, {started} UTC",
+        "",
+        f"- headcount: {source}; body limit {BODY_LIMIT_MIB:g} MiB (default), "
+        f"probe interval {ROUTER_TIMINGS.probe_interval:g} s, every other setting default",
+        f"- machine: {os.cpu_count()} CPUs, Linux {platform.release()}, "
+        f"Python {platform.python_version()}; load at the end "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        f"- per phase: warm-up {scale.warmup_s:g} s, attack {scale.attack_s:g} s, aftermath "
+        f"{scale.aftermath_s:g} s (window = attack + aftermath); normal traffic "
+        f"{scale.rate:g}/s, client timeout {scale.client_timeout_s:g} s; /livez every 5 ms; "
+        f"quiet /livez median {_f(quiet_livez, 2)} ms",
+        f"- logs and raw samples: {log_dir}",
+        "- method and targets: the docstring of bench/hostile.py",
+        "",
+        "| phase | worst stall ms | normal p50/p99 ms during vs quiet "
+        "| peak RSS MiB over baseline | RSS after | fds peak/after | failed normal requests "
+        "| target met? |",
+        "|---|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    body = [_row_line(run, row, quiet) for run, row in rows]
+    details = ["", "## What each phase did and saw", ""]
+    for run, _ in rows:
+        details += _details(run, scale)
+    return "\n".join(header + body + details) + "\n"
+
+
+# --- command line -----------------------------------------------------------------
+
+
+def _pick_phases(wanted: str) -> tuple[Phase, ...]:
+    tokens = [token.strip() for token in wanted.split(",") if token.strip()]
+    chosen = [
+        phase
+        for phase in PHASES
+        if phase.name == "quiet"
+        or any(phase.name == t or phase.name.startswith(t + "-") for t in tokens)
+    ]
+    unknown = [
+        t for t in tokens if not any(p.name == t or p.name.startswith(t + "-") for p in PHASES)
+    ]
+    if unknown:
+        names = ", ".join(p.name for p in PHASES)
+        raise BenchError(f"unknown phases {unknown}; choose from {names} (or a letter)")
+    return tuple(chosen)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="short phases: a smoke run")
+    parser.add_argument(
+        "--phases",
+        default=",".join(p.name for p in PHASES[1:]),
+        help="comma list of phases or their letters (a,f,g-hung); quiet always runs",
+    )
+    parser.add_argument("--attack-seconds", type=float, help="override the attack length")
+    parser.add_argument(
+        "--rss-limit", type=float, default=8192, help="MiB: stop an attack past this router RSS"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="run the router as it was at git revision REV (for before/after numbers)",
+    )
+    parser.add_argument("--out", type=Path, default=BENCH / "out", help="report directory")
+    parser.add_argument(
+        "--no-netns", action="store_true", help="stay in the host's network namespace"
+    )
+    return parser.parse_args(argv)
+
+
+def _run(args: argparse.Namespace) -> int:
+    scale = QUICK if args.quick else Scale()
+    if args.attack_seconds:
+        scale = Scale(**{**scale.__dict__, "attack_s": args.attack_seconds})
+    phases = _pick_phases(args.phases)
+    started = datetime.datetime.now(datetime.UTC)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"hostile-{stamp}-logs"
+    runs: list[PhaseRun] = []
+    program, source = PYTHON_CLI, _headcount_source()
+    if args.baseline:
+        commit, program = headcount_at(args.baseline, args.out)
+        source = f"revision {commit} (`--baseline {args.baseline}`)"
+    with Processes(log_dir) as procs:
+        bench = Bench(procs, scale, log_dir, args.rss_limit, program)
+        bench.start_engines()
+        for phase in phases:
+            _say(f"phase {phase.name}: {phase.title}")
+            runs.append(bench.run(phase))
+    report = render(runs, scale, started.strftime("%Y-%m-%d %H:%M"), log_dir, source)
+    path = args.out / f"hostile-{stamp}.md"
+    path.write_text(report)
+    print(report)
+    _say(f"report: {path}")
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    return run_benchmark(lambda: _run(args), args.no_netns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
