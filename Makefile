@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench bench-hostile clean
+.PHONY: install test lint typecheck pytest demo bench bench-hostile bench-soak clean
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
@@ -60,6 +60,10 @@ bench: install
 # Hostile clients and engines against the real process (about 5 minutes).
 bench-hostile: install
 	$(BIN)/python bench/hostile.py
+
+# The 10-minute chaos soak; exits non-zero when one of its checks fails.
+bench-soak: install
+	$(BIN)/python bench/soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
