@@ -8,6 +8,7 @@ docstring), and rendered as the markdown report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -110,6 +111,8 @@ class PhaseRun:
     evil_engine: dict[str, Any] | None = None
     """The adversarial engine as the router's `/engines` shows it after the phase."""
     unhealthy_after_s: float | None = None
+    router_exit: int | None = None
+    """The router's exit code if it died during the phase."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -179,7 +182,7 @@ def summarise(run: PhaseRun, quiet: Row | None, quiet_livez_ms: float | None, sc
         fds_after=fds_after,
         missed=(),
     )
-    return Row(**{**row.__dict__, "missed": _missed(run, row, quiet, scale)})
+    return dataclasses.replace(row, missed=_missed(run, row, quiet, scale))
 
 
 def _uploads(run: PhaseRun, scale: Scale) -> int:
@@ -187,7 +190,7 @@ def _uploads(run: PhaseRun, scale: Scale) -> int:
 
 
 def _missed(run: PhaseRun, row: Row, quiet: Row | None, scale: Scale) -> tuple[str, ...]:
-    missed: list[str] = []
+    missed: list[str] = [] if run.router_exit is None else ["router died"]
     allowance = 2 * BODY_LIMIT_MIB * max(1, _uploads(run, scale))
     if row.worst_stall_ms is None or row.worst_stall_ms >= STALL_TARGET_MS:
         missed.append("stall")
@@ -259,6 +262,11 @@ def _details(run: PhaseRun, scale: Scale) -> list[str]:
     lines = [f"- **{run.phase.name}** ({run.phase.title})"]
     if run.attack_stats:
         lines.append(f"  - adversary saw: `{json.dumps(run.attack_stats)}`")
+    unanswered = sum(1 for t, _, ok in run.livez if run.t_attack <= t < run.t_end and not ok)
+    if unanswered:
+        lines.append(
+            f"  - {unanswered} /livez calls got no answer (connection refused, reset or timeout)"
+        )
     engine = run.evil_engine
     if engine is not None and run.phase.evil_mode is not None:
         error = engine.get("last_error")

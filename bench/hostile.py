@@ -281,10 +281,10 @@ class Bench:
         polled_at = 0.0
         while time.monotonic() < until and (done is None or done.alive()):
             if not router.alive():
-                if not any("router exited" in note for note in run.notes):
+                if run.router_exit is None:
+                    run.router_exit = router.popen.returncode
                     run.notes.append(
-                        f"router exited ({router.popen.returncode}) during the phase: "
-                        f"{router.log_tail(1)}"
+                        f"router exited ({run.router_exit}) during the phase: {router.log_tail(1)}"
                     )
                 return
             sample = _proc_sample(router.pid)
