@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import signal
@@ -34,6 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from _harness import BenchError, Proc, Processes
@@ -125,6 +127,8 @@ class Chaos:
     counts: Counter[str] = field(default_factory=Counter)
     outages: list[tuple[float, float | None]] = field(default_factory=list)
     """Each API outage: its length, and the time to truth after it (None: not within bound)."""
+    spans: list[list[Any]] = field(default_factory=list)
+    """Each fault as `[what, began, ended or None]`, e.g. `["hung engine-2", 41.0, 60.2]`."""
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _lit: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -219,15 +223,31 @@ class Chaos:
     def _note(self, kind: str, what: str) -> None:
         self.events.append((time.monotonic(), kind, what))
 
+    def in_progress(self, at: float) -> list[str]:
+        """The faults in progress at `at` (an engine counts as broken until it is healthy)."""
+        return [what for what, began, ended in self.spans if began <= at < (ended or math.inf)]
+
+    def _open_span(self, what: str) -> None:
+        self.spans.append([what, time.monotonic(), None])
+
+    def _close_span(self, what: str) -> None:
+        for span in reversed(self.spans):
+            if span[0] == what and span[2] is None:
+                span[2] = time.monotonic()
+                return
+
     def _break(self, slot: Slot, state: str) -> None:
         slot.state = state
         self.timeline.down(slot.name, time.monotonic())
+        self._open_span(f"{state} {slot.name}")
 
     async def _recovered(self, slot: Slot) -> None:
         """Healthy again once the router can know it: the API answers, then `settle`."""
+        broken = f"{slot.state} {slot.name}"
         slot.state = "settling"
         await self._lit.wait()
         await self._pause(self.settings.settle_s)
+        self._close_span(broken)
         slot.state = "healthy"
         self.timeline.up(slot.name, time.monotonic())
         self._note("healthy", slot.name)
@@ -293,11 +313,13 @@ class Chaos:
     async def _blackhole(self) -> None:
         self._lit.clear()
         started = time.monotonic()
+        self._open_span("API blackholed")
         await self.cluster.api.blackhole()
         self._note("API blackholed", "")
         await self._pause(self.rng.uniform(*self.settings.blackhole_s))
         await self.cluster.api.restore()
         restored = time.monotonic()
+        self._close_span("API blackholed")
         self._lit.set()
         self._last_outage_end = restored
         self._note("API restored", "")

@@ -28,7 +28,8 @@ engine existed (cut answers are counted apart); every in-flight counter at zero
 matched the truth after every API outage and after healing; it never exited.
 
 Usage: `.venv/bin/python bench/soak.py [--duration 600] [--quick] [--rate 20] [--seed 1]`.
-The report is printed and written to `bench/out/soak-<timestamp>.md`, logs beside it.
+The report (`bench/_soak_report.py`) is printed and written to
+`bench/out/soak-<timestamp>.md`, logs beside it.
 Exit 0 all checks pass, 1 one failed, 2 setup error.
 """
 
@@ -42,18 +43,17 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import uvloop
 from _chaos import Chaos, ChaosSettings
 from _harness import BenchError, Proc, Processes, free_port, rss_and_fds, run_benchmark
+from _soak_report import FAILOVERS, RELISTS, Check, Result, render
 from _soak_traffic import Mix, Outcome, run_traffic
 
 from headcount.config import ProxySettings
@@ -99,30 +99,6 @@ QUICK_CHAOS = ChaosSettings(
     blackhole_s=(3.0, 8.0),
     blackhole_spacing_s=5.0,
 )
-FAILOVERS = "headcount_upstream_failovers_total"
-RELISTS = "headcount_discovery_relists_total"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-@dataclass
-class Result:
-    checks: list[Check] = field(default_factory=list)
-    outcomes: list[Outcome] = field(default_factory=list)
-    failed_with_healthy: list[Outcome] = field(default_factory=list)
-    excused: list[Outcome] = field(default_factory=list)
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    baseline: tuple[float, int] | None = None
-    final: tuple[float, int] | None = None
-    peak_rss_mib: float = 0.0
-    chaos: Chaos | None = None
-    t0: float = 0.0
-    elapsed_s: float = 0.0
 
 
 def _truth(cluster: SimCluster) -> set[str]:
@@ -357,16 +333,8 @@ def _gist(detail: str) -> str:
 # --- report -----------------------------------------------------------------------
 
 
-def render(result: Result, args: argparse.Namespace, started: str, log_dir: Path) -> str:
-    chaos = result.chaos
-    assert chaos is not None
-    outcomes = result.outcomes
-    by_kind = Counter(o.kind for o in outcomes)
-    streams = sum(1 for o in outcomes if o.stream)
-    verdict = "all checks pass" if all(c.ok for c in result.checks) else "**a check failed**"
-    lines = [
-        f"# Chaos soak, {started} UTC: {verdict}",
-        "",
+def _setup(args: argparse.Namespace, result: Result, log_dir: Path) -> list[str]:
+    return [
         f"- {args.duration:g} s of chaos (ran {result.elapsed_s:.0f} s with healing), seed "
         f"{args.seed}; {ENGINES} engines (token delay {TOKEN_DELAY_S * 1000:g} ms), router "
         f"`--discovery k8s-pods {_timings()}`",
@@ -374,28 +342,7 @@ def render(result: Result, args: argparse.Namespace, started: str, log_dir: Path
         f"client; client timeout {Mix().timeout_s:g} s",
         f"- machine: {os.cpu_count()} CPUs, Linux {platform.release()}, Python "
         f"{platform.python_version()}; logs: {log_dir}",
-        "",
-        "## Checks",
-        "",
-        "| check | result | detail |",
-        "|---|---|---|",
-        *(f"| {c.name} | {'ok' if c.ok else '**FAIL**'} | {c.detail} |" for c in result.checks),
-        "",
-        "## Totals",
-        "",
-        f"- requests: {len(outcomes)} ({streams} streaming): {by_kind['ok']} ok, "
-        f"{by_kind['cut']} cut mid-answer, {by_kind['aborted']} abandoned by the client, "
-        f"{len(result.failed_with_healthy)} failed while a healthy engine existed, "
-        f"{len(result.excused)} failed with none",
-        f"- failovers: {_labelled(result.metrics.get(FAILOVERS, {}))}",
-        f"- relists: {_labelled(result.metrics.get(RELISTS, {}))}",
-        f"- chaos: {', '.join(f'{k} {n}' for k, n in sorted(chaos.counts.items())) or 'none'}",
-        f"- API outages (length -> time to truth after it): {_outages(chaos.outages)}",
-        f"- router RSS/fds: baseline {_pair(result.baseline)}, final {_pair(result.final)}, "
-        f"peak RSS {result.peak_rss_mib:.1f} MiB",
     ]
-    lines += _failures_section(result) + _timeline_section(chaos, result.t0)
-    return "\n".join(lines) + "\n"
 
 
 def _timings() -> str:
@@ -405,54 +352,6 @@ def _timings() -> str:
         for each in dataclasses.fields(ROUTER_TIMINGS)
         if (value := getattr(ROUTER_TIMINGS, each.name)) is not None
     )
-
-
-def _labelled(samples: dict[str, float]) -> str:
-    if not samples:
-        return "0"
-    total = sum(samples.values())
-    parts = ", ".join(f"{labels or 'all'}: {value:g}" for labels, value in sorted(samples.items()))
-    return f"{total:g} ({parts})"
-
-
-def _outages(outages: list[tuple[float, float | None]]) -> str:
-    if not outages:
-        return "none"
-    parts = [
-        f"{length:.1f} s -> {'never' if t is None else f'{t * 1000:.0f} ms'}"
-        for length, t in outages
-    ]
-    times = [t for _, t in outages if t is not None]
-    median = f"; median {statistics.median(times) * 1000:.0f} ms" if times else ""
-    return ", ".join(parts) + median
-
-
-def _pair(measured: tuple[float, int] | None) -> str:
-    return "—" if measured is None else f"{measured[0]:.1f} MiB / {measured[1]} fds"
-
-
-def _failures_section(result: Result) -> list[str]:
-    shown = result.failed_with_healthy[:20]
-    if not shown and not result.excused:
-        return []
-    lines = ["", "## Failed requests (the first 20 while a healthy engine existed)", ""]
-    lines += [
-        f"- #{o.number} at +{o.start - result.t0:.1f} s, {o.end - o.start:.2f} s, "
-        f"{'stream' if o.stream else 'chat'}: {o.detail[:160]}"
-        for o in shown
-    ]
-    lines += [
-        f"- excused (no engine healthy at some moment): #{o.number} at "
-        f"+{o.start - result.t0:.1f} s, {o.end - o.start:.2f} s: {o.detail[:120]}"
-        for o in result.excused[:10]
-    ]
-    return lines
-
-
-def _timeline_section(chaos: Chaos, t0: float) -> list[str]:
-    lines = ["", "## Chaos timeline", "", "```"]
-    lines += [f"+{at - t0:7.1f} s  {kind:<26} {what}" for at, kind, what in chaos.events]
-    return [*lines, "```"]
 
 
 # --- command line -----------------------------------------------------------------
@@ -485,7 +384,7 @@ def _run(args: argparse.Namespace) -> int:
         soak = Soak(args, procs, log_dir)
         result = uvloop.run(soak.run())
     (log_dir / "samples.json").write_text(json.dumps(soak.samples))
-    report = render(result, args, started.strftime("%Y-%m-%d %H:%M"), log_dir)
+    report = render(result, _setup(args, result, log_dir), started.strftime("%Y-%m-%d %H:%M"))
     path = args.out / f"soak-{stamp}.md"
     path.write_text(report)
     print(report)
