@@ -262,7 +262,13 @@ def _details(run: PhaseRun, scale: Scale) -> list[str]:
     lines = [f"- **{run.phase.name}** ({run.phase.title})"]
     if run.attack_stats:
         lines.append(f"  - adversary saw: `{json.dumps(run.attack_stats)}`")
-    unanswered = sum(1 for t, _, ok in run.livez if run.t_attack <= t < run.t_end and not ok)
+    window = [(ms, ok) for t, ms, ok in run.livez if run.t_attack <= t < run.t_end]
+    slow = sum(1 for ms, _ in window if ms >= STALL_TARGET_MS)
+    lines.append(
+        f"  - /livez answers of {STALL_TARGET_MS:g} ms or more: {slow} of {len(window)} "
+        "(one alone can be the machine; many are the router)"
+    )
+    unanswered = sum(1 for _, ok in window if not ok)
     if unanswered:
         lines.append(
             f"  - {unanswered} /livez calls got no answer (connection refused, reset or timeout)"
