@@ -110,7 +110,10 @@ class PhaseRun:
     evil_stats: dict[str, Any] = field(default_factory=dict)
     evil_engine: dict[str, Any] | None = None
     """The adversarial engine as the router's `/engines` shows it after the phase."""
-    unhealthy_after_s: float | None = None
+    probe_error_after_s: float | None = None
+    """Hung-engine phase: when `/engines` first showed a probe error for it, from the hang."""
+    out_of_rotation_after_s: float | None = None
+    """Hung-engine phase: when `/engines` first showed it unhealthy or ejected."""
     router_exit: int | None = None
     """The router's exit code if it died during the phase."""
     notes: list[str] = field(default_factory=list)
@@ -221,12 +224,13 @@ def _phase_check(run: PhaseRun, row: Row) -> list[str]:
         return ["probe error not a failure"]
     if name == "g-hung":
         waits = _hung_waits(run)
-        if run.unhealthy_after_s is None:
-            return ["hung engine never ejected"]
-        ejected_at = run.t_attack + run.unhealthy_after_s
-        late = [r for r in waits if r["t"] + r["ms"] / 1000 > ejected_at + HUNG_GRACE_S]
-        if late or any(r["st"] != 200 for r in waits):
+        if any(r["st"] != 200 or r["err"] for r in waits):
             return ["waits on a known-dead engine"]
+        known = run.out_of_rotation_after_s
+        if known is not None:
+            out_at = run.t_attack + known
+            if any(r["t"] + r["ms"] / 1000 > out_at + HUNG_GRACE_S for r in waits):
+                return ["waits on a known-dead engine"]
     return []
 
 
@@ -297,10 +301,12 @@ def _details(run: PhaseRun, scale: Scale) -> list[str]:
 
 def _hung_summary(run: PhaseRun, scale: Scale) -> str:
     waits = _hung_waits(run)
+    error, out = run.probe_error_after_s, run.out_of_rotation_after_s
     ejected = (
-        f"the router marked it unhealthy {run.unhealthy_after_s:.1f} s after it hung"
-        if run.unhealthy_after_s is not None
-        else "the router never marked it unhealthy"
+        ("no probe error shown" if error is None else f"a probe error shown after {error:.1f} s")
+        + "; "
+        + ("never out of rotation" if out is None else f"out of rotation after {out:.1f} s")
+        + " (from the hang, polled every 0.5 s)"
     )
     if not waits:
         return f"no normal request reached the hung engine; {ejected}"

@@ -33,8 +33,9 @@ Method (the numbers are only as good as this):
   held; RSS after within one body limit of the baseline; fds
   after within 5 of it; normal p99 <= quiet p99 + 20 ms; no failed normal request;
   and the phase's own check (no planted response reached a client; an engine with
-  nested JSON models fails its probes; requests on a hung engine end within 1 s of
-  the router marking it unhealthy). A missed target is reported, not an error.
+  nested JSON models fails its probes; requests on a hung engine are answered,
+  within 1 s of the router showing it unhealthy or ejected if it did). A missed
+  target is reported, not an error.
   The records, the verdict and the report: `bench/_hostile_report.py`.
 
 Usage: `.venv/bin/python bench/hostile.py [--quick] [--phases a,b,f-header,...]`.
@@ -108,7 +109,7 @@ QUICK = Scale(
     aftermath_s=1.5,
     chunk_waves=2,
     slowloris_connections=200,
-    client_timeout_s=5.0,
+    client_timeout_s=10.0,
 )
 
 
@@ -299,15 +300,26 @@ class Bench:
                     attacker = None
             if (
                 run.phase.hold_evil
-                and run.unhealthy_after_s is None
+                and run.out_of_rotation_after_s is None
                 and time.monotonic() >= run.t_attack
                 and time.monotonic() - polled_at >= 0.5
             ):
                 polled_at = time.monotonic()
-                engine = _engine_at(port, self.evil_url, timeout_s=1.0)
-                if engine is not None and engine.get("state") != "ready":
-                    run.unhealthy_after_s = time.monotonic() - run.t_attack
+                self._poll_hung(run, port)
             time.sleep(SAMPLE_EVERY_S)
+
+    def _poll_hung(self, run: PhaseRun, port: int) -> None:
+        """Note when the router first shows a probe error for the hung engine, and when it
+        takes it out of rotation (unhealthy, or ejected as an outlier)."""
+        engine = _engine_at(port, self.evil_url, timeout_s=1.0)
+        if engine is None:
+            return
+        since = time.monotonic() - run.t_attack
+        if engine.get("last_error") and run.probe_error_after_s is None:
+            run.probe_error_after_s = since
+        ejected = (engine.get("outlier") or {}).get("ejected") is True
+        if engine.get("state") != "ready" or ejected:
+            run.out_of_rotation_after_s = since
 
     def _finish(
         self, run: PhaseRun, router: Proc, port: int, observer: Proc, attacker: Proc | None
