@@ -35,6 +35,8 @@ from collections.abc import Callable
 
 import uvloop
 
+from headcount.sim.engine.models import ModelCatalog
+
 __all__ = ["MODES", "PLANTED", "main"]
 
 MODES = ("healthy", "metrics", "adapters", "nested", "header", "desync", "hang")
@@ -62,16 +64,9 @@ def _response(status: int, body: bytes) -> bytes:
     return b"HTTP/1.1 %d X\r\n%s" % (status, _fields(body))
 
 
-def _card(model_id: str, parent: str | None) -> dict[str, object]:
-    return {
-        "id": model_id,
-        "object": "model",
-        "created": 1700000000,
-        "owned_by": "vllm",
-        "root": model_id if parent is None else f"/adapters/{model_id}",
-        "parent": parent,
-        "max_model_len": 4096,
-    }
+def _models(model: str, adapters: int = 0) -> bytes:
+    """`/v1/models` as the simulated engine lists it (vLLM's card shape), with `adapters`."""
+    return ModelCatalog(model, 4096, [f"lora-{i:06d}" for i in range(adapters)]).body
 
 
 def _chat_body(model: str) -> bytes:
@@ -108,8 +103,7 @@ def _big_metrics(model: str) -> bytes:
 
 
 def _many_adapters(model: str) -> bytes:
-    cards = [_card(model, None)] + [_card(f"lora-{i:06d}", model) for i in range(ADAPTERS)]
-    return _json({"object": "list", "data": cards})
+    return _models(model, ADAPTERS)
 
 
 def _nested(model: str) -> bytes:
@@ -174,7 +168,7 @@ class Engine:
             elif mode == "nested":
                 body = self._built("nested", _nested)
             else:
-                body = _json({"object": "list", "data": [_card(self.model, None)]})
+                body = _models(self.model)
             writer.write(_response(200, body))
         elif path.startswith(b"/metrics"):
             body = self._built("metrics", _big_metrics) if mode == "metrics" else b""
