@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 
+import headcount
 from headcount.sim import loopback
+from headcount.sim.cluster import PYTHON_CLI
 
 __all__ = [
     "CLK_TCK",
@@ -40,6 +42,7 @@ __all__ = [
     "free_port",
     "headcount_at",
     "http_call",
+    "router_program",
     "rss_and_fds",
     "run_benchmark",
     "run_wrk",
@@ -103,6 +106,25 @@ def headcount_at(rev: str, out_dir: Path) -> tuple[str, tuple[str, ...]]:
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     return commit, ("env", f"PYTHONPATH={tree / 'src'}", sys.executable, "-m", "headcount.cli")
+
+
+def router_program(baseline: str | None, out_dir: Path) -> tuple[tuple[str, ...], str]:
+    """How to run `headcount`, and which one it is: this interpreter's (its tree and git
+    revision), or, with `baseline`, the tree of that git revision (`headcount_at`)."""
+    if baseline:
+        commit, program = headcount_at(baseline, out_dir)
+        return program, f"revision {commit} (`--baseline {baseline}`)"
+    tree = Path(headcount.__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(tree), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        rev = ""
+    return PYTHON_CLI, f"{tree} ({rev or 'not a git tree'})"
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:

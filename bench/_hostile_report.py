@@ -109,7 +109,7 @@ class PhaseRun:
     attack_stats: dict[str, Any] = field(default_factory=dict)
     evil_stats: dict[str, Any] = field(default_factory=dict)
     evil_engine: dict[str, Any] | None = None
-    """The adversarial engine as the router's `/engines` shows it after the phase."""
+    """The adversarial engine as the router's `/engines` shows it at the end of the attack."""
     probe_error_after_s: float | None = None
     """Hung-engine phase: when `/engines` first showed a probe error for it, from the hang."""
     out_of_rotation_after_s: float | None = None
@@ -281,7 +281,7 @@ def _details(run: PhaseRun, scale: Scale) -> list[str]:
     if engine is not None and run.phase.evil_mode is not None:
         error = engine.get("last_error")
         lines.append(
-            f"  - adversarial engine after the phase: {engine.get('state')}"
+            f"  - adversarial engine at the end of the attack: {engine.get('state')}"
             + (f" (`{str(error)[:160]}`)" if error else " (no error)")
         )
     if run.evil_stats.get("seen"):

@@ -61,15 +61,14 @@ from _harness import (
     Proc,
     Processes,
     free_port,
-    headcount_at,
     http_call,
+    router_program,
     rss_and_fds,
     run_benchmark,
     wait_until,
 )
 from _hostile_report import EVIL_MODEL, SIM_MODEL, Phase, PhaseRun, Sample, Scale, render
 
-import headcount
 from headcount.config import DiscoveryMode
 from headcount.sim.cluster import PYTHON_CLI, RouterFlags, Timings, serve_command
 
@@ -248,7 +247,7 @@ class Bench:
             self._set_evil(phase.evil_mode, phase.evil_model)
         self._watch(run, router, port, until=t_stop, attacker=attacker)
         if phase.evil_mode is not None and not phase.hold_evil:
-            run.evil_stats = self._evil("GET", "/_evil/stats") or {}
+            self._end_evil(run, port)
             self._set_evil("healthy", phase.evil_model)
         self._watch(run, router, port, until=t_end)
         if phase.hold_evil:
@@ -256,8 +255,8 @@ class Bench:
             bound = t_end + self._scale.client_timeout_s + 10
             self._watch(run, router, port, until=bound, done=observer)
             run.t_end = time.monotonic()
-            run.evil_stats = self._evil("GET", "/_evil/stats") or {}
-        self._finish(run, router, port, observer, attacker)
+            self._end_evil(run, port)
+        self._finish(run, observer, attacker)
         records = _read_jsonl(observed)
         run.livez = [(r["t"], r["ms"], r["ok"]) for r in records if r["k"] == "l"]
         run.normal = [r for r in records if r["k"] == "n"]
@@ -321,9 +320,13 @@ class Bench:
         if engine.get("state") != "ready" or ejected:
             run.out_of_rotation_after_s = since
 
-    def _finish(
-        self, run: PhaseRun, router: Proc, port: int, observer: Proc, attacker: Proc | None
-    ) -> None:
+    def _end_evil(self, run: PhaseRun, port: int) -> None:
+        """What the adversarial engine saw, and how the router shows it, while it is still
+        adversarial (a good probe after the attack would clear its error)."""
+        run.evil_stats = self._evil("GET", "/_evil/stats") or {}
+        run.evil_engine = _engine_at(port, self.evil_url)
+
+    def _finish(self, run: PhaseRun, observer: Proc, attacker: Proc | None) -> None:
         bound = self._scale.client_timeout_s + 15
         for proc in (observer, attacker):
             if proc is None:
@@ -333,8 +336,6 @@ class Bench:
             except subprocess.TimeoutExpired:
                 run.notes.append(f"{proc.name} did not finish in time; stopped")
                 self._procs.stop(proc)
-        if router.alive():
-            run.evil_engine = _engine_at(port, self.evil_url)
 
 
 def _ok(answer: object) -> bool:
@@ -345,20 +346,6 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _headcount_source() -> str:
-    tree = Path(headcount.__file__).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(tree), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        rev = ""
-    return f"{tree} ({rev or 'not a git tree'})"
 
 
 # --- command line -----------------------------------------------------------------
@@ -414,10 +401,7 @@ def _run(args: argparse.Namespace) -> int:
     stamp = started.strftime("%Y%m%d-%H%M%S")
     log_dir = args.out / f"hostile-{stamp}-logs"
     runs: list[PhaseRun] = []
-    program, source = PYTHON_CLI, _headcount_source()
-    if args.baseline:
-        commit, program = headcount_at(args.baseline, args.out)
-        source = f"revision {commit} (`--baseline {args.baseline}`)"
+    program, source = router_program(args.baseline, args.out)
     with Processes(log_dir) as procs:
         bench = Bench(procs, scale, log_dir, args.rss_limit, program)
         bench.start_engines()

@@ -27,7 +27,8 @@ engine existed (cut answers are counted apart); every in-flight counter at zero
 `/sim/stats`); fds within 8 and RSS within 32 MiB of the baseline; the router
 matched the truth after every API outage and after healing; it never exited.
 
-Usage: `.venv/bin/python bench/soak.py [--duration 600] [--quick] [--rate 20] [--seed 1]`.
+Usage: `.venv/bin/python bench/soak.py [--duration 600] [--quick] [--rate 20] [--seed 1]
+[--baseline REV]` (`--baseline`: the router as it was at a git revision).
 The report (`bench/_soak_report.py`) is printed and written to
 `bench/out/soak-<timestamp>.md`, logs beside it.
 Exit 0 all checks pass, 1 one failed, 2 setup error.
@@ -52,7 +53,15 @@ from typing import Any
 
 import uvloop
 from _chaos import Chaos, ChaosSettings
-from _harness import BenchError, Proc, Processes, free_port, rss_and_fds, run_benchmark
+from _harness import (
+    BenchError,
+    Proc,
+    Processes,
+    free_port,
+    router_program,
+    rss_and_fds,
+    run_benchmark,
+)
 from _soak_report import FAILOVERS, RELISTS, Check, Result, render
 from _soak_traffic import Mix, Outcome, run_traffic
 
@@ -161,7 +170,8 @@ class Soak:
         self.result.chaos = chaos
         await chaos.start_engines([f"engine-{i}" for i in range(ENGINES)], addresses)
         flags = cluster.router_flags(ROUTER_TIMINGS)
-        router = self.procs.start("router", serve_command(flags, host="127.0.0.1", port=port))
+        command = serve_command(flags, host="127.0.0.1", port=port, program=self.args.program)
+        router = self.procs.start("router", command)
         await self._until(lambda: self._all_ready(client, cluster), 30, "every engine ready")
         return client, router
 
@@ -335,6 +345,7 @@ def _gist(detail: str) -> str:
 
 def _setup(args: argparse.Namespace, result: Result, log_dir: Path) -> list[str]:
     return [
+        f"- headcount: {args.source}",
         f"- {args.duration:g} s of chaos (ran {result.elapsed_s:.0f} s with healing), seed "
         f"{args.seed}; {ENGINES} engines (token delay {TOKEN_DELAY_S * 1000:g} ms), router "
         f"`--discovery k8s-pods {_timings()}`",
@@ -364,6 +375,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of traffic first")
     parser.add_argument("--seed", type=int, default=1, help="the chaos schedule and traffic")
+    parser.add_argument(
+        "--baseline", metavar="REV", help="run the router as it was at git revision REV"
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "out", help="report directory")
     parser.add_argument(
         "--no-netns", action="store_true", help="stay in the host's network namespace"
@@ -377,6 +391,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _run(args: argparse.Namespace) -> int:
+    args.program, args.source = router_program(args.baseline, args.out)
     started = datetime.datetime.now(datetime.UTC)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     log_dir = args.out / f"soak-{stamp}-logs"
