@@ -25,6 +25,9 @@ closed) is written to F. Attacks:
   adversarial engine's model (variant `x-desync: 1..4`), then `GET /v1/models` on the
   same connection, which only the router answers: a response holding `PLANTED`, or a
   second answer that is not the router's model list, is a desync.
+
+Every attack lives here, over 450 lines, so that one runner and one command line
+start any of them and the catalogue reads in one place.
 """
 
 from __future__ import annotations
