@@ -1,4 +1,4 @@
-"""An open-loop load generator that measures what a router's choices cost the client, and its own lag.
+"""An open-loop load generator: what a router's choices cost the client, and its own lag.
 
 Every request is sent at its scheduled offset whether or not earlier ones have
 finished (one asyncio task each, a connection pool without a limit), streamed,

@@ -1,4 +1,4 @@
-"""The routing benchmark's numbers: one row per target and load, the markdown table, the TTFT plot."""
+"""The routing benchmark's numbers: a row per target and load, the table, the TTFT plot."""
 
 from __future__ import annotations
 
@@ -120,7 +120,6 @@ def highest_load_summary(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-
 def plot(rows: Sequence[Row], paths: Sequence[Path]) -> None:
     """TTFT p90 against load, one line per target, written to every path in `paths`."""
     import matplotlib
@@ -144,4 +143,3 @@ def plot(rows: Sequence[Row], paths: Sequence[Path]) -> None:
     for path in paths:
         figure.savefig(path)
     plt.close(figure)
-

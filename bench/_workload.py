@@ -28,19 +28,61 @@ from dataclasses import dataclass, field
 
 __all__ = ["Arrival", "WorkloadShape", "arrivals", "tenant_prompts"]
 
-_WORDS = (
-    "alpha beta gamma delta kernel router engine cache block token prefix tenant "
-    "policy queue batch stream model weight layer tensor shard replica region zone "
-    "latency budget contract invoice ledger account payment refund order parcel "
-    "sensor signal vector matrix graph node edge path cluster service request reply"
-).split()
+_WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "kernel",
+    "router",
+    "engine",
+    "cache",
+    "block",
+    "token",
+    "prefix",
+    "tenant",
+    "policy",
+    "queue",
+    "batch",
+    "stream",
+    "model",
+    "weight",
+    "layer",
+    "tensor",
+    "shard",
+    "replica",
+    "region",
+    "zone",
+    "latency",
+    "budget",
+    "contract",
+    "invoice",
+    "ledger",
+    "account",
+    "payment",
+    "refund",
+    "order",
+    "parcel",
+    "sensor",
+    "signal",
+    "vector",
+    "matrix",
+    "graph",
+    "node",
+    "edge",
+    "path",
+    "cluster",
+    "service",
+    "request",
+    "reply",
+]
 
 
 @dataclass(frozen=True)
 class WorkloadShape:
     """How the traffic looks; the defaults are what `make bench-routing` measures."""
 
-    tenants: int = 32
+    tenants: int = 16
     system_words: int = 2000
     question_words: int = 12
     answer_words: int = 40
@@ -76,9 +118,7 @@ def _words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(count))
 
 
-def arrivals(
-    shape: WorkloadShape, model: str, rate: float, duration_s: float
-) -> list[Arrival]:
+def arrivals(shape: WorkloadShape, model: str, rate: float, duration_s: float) -> list[Arrival]:
     """The requests of one run at `rate` per second for `duration_s` seconds, in send order."""
     rng = random.Random(f"{shape.seed}-{rate}-{duration_s}")
     systems = tenant_prompts(shape)
