@@ -38,6 +38,7 @@ __all__ = [
     "enter_private_network",
     "free_port",
     "http_call",
+    "run_bench",
     "run_wrk",
     "tree_cpu_seconds",
     "wait_until",
@@ -339,3 +340,29 @@ def run_wrk(
         p50_ms=summary["p50_us"] / 1e3,
         p99_ms=summary["p99_us"] / 1e3,
     )
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def run_bench(run: Callable[[], int], private_network: bool = True) -> int:
+    """Run a benchmark's `run` with its exit codes: 2 on `BenchError`, 130 when interrupted.
+
+    SIGINT, SIGTERM and SIGHUP are made explicit, so a run started in the background
+    (SIGINT ignored) still stops every process it started. With `private_network` the
+    script first re-executes itself in its own network namespace.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGHUP, _exit_on_signal)
+    try:
+        if private_network:
+            enter_private_network()
+        return run()
+    except BenchError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: every started process was stopped", file=sys.stderr, flush=True)
+        return 130

@@ -45,14 +45,12 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import TypeVar
 
 from _harness import (
@@ -61,9 +59,9 @@ from _harness import (
     Proc,
     Processes,
     WrkResult,
-    enter_private_network,
     free_port,
     http_call,
+    run_bench,
     run_wrk,
     tree_cpu_seconds,
     wait_until,
@@ -807,10 +805,6 @@ def _fatal(results: Sequence[WorkloadResult], settings: Settings) -> list[str]:
     ]
 
 
-def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _run(settings: Settings) -> int:
     started = datetime.datetime.now(datetime.UTC)
     stamp = started.strftime("%Y%m%d-%H%M%S")
@@ -833,21 +827,8 @@ def _run(settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # Explicit, so a run started in the background (SIGINT ignored) still cleans up.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGHUP, _exit_on_signal)
     args = _parse(argv)
-    try:
-        if not args.no_netns:
-            enter_private_network()
-        return _run(_settings(args))
-    except BenchError as error:
-        _say(f"error: {error}")
-        return 2
-    except KeyboardInterrupt:
-        _say("interrupted: every started process was stopped")
-        return 130
+    return run_bench(lambda: _run(_settings(args)), private_network=not args.no_netns)
 
 
 if __name__ == "__main__":

@@ -50,21 +50,19 @@ import json
 import os
 import platform
 import re
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from _harness import (
     BenchError,
     Proc,
     Processes,
-    enter_private_network,
     free_port,
     http_call,
+    run_bench,
     tree_cpu_seconds,
     wait_until,
 )
@@ -461,25 +459,9 @@ def _run(settings: Settings) -> int:
     return 1 if fatal else 0
 
 
-def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGHUP, _exit_on_signal)
     args = _parse(argv)
-    try:
-        if not args.no_netns:
-            enter_private_network()
-        return _run(_settings(args))
-    except BenchError as error:
-        _say(f"error: {error}")
-        return 2
-    except KeyboardInterrupt:
-        _say("interrupted: every started process was stopped")
-        return 130
+    return run_bench(lambda: _run(_settings(args)), private_network=not args.no_netns)
 
 
 if __name__ == "__main__":
