@@ -59,7 +59,7 @@ bench: install
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
 
-# Routing quality against the peers' cache-aware routers and an oracle (~13 minutes).
+# Routing quality against the peers' cache-aware routers and an oracle (~12 minutes).
 bench-routing: install
 	bash bench/peers.sh
 	$(BIN)/python bench/routing.py

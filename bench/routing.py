@@ -18,8 +18,9 @@ Method (the numbers are only as good as this):
   (`_loadgen.py`), at each rate of `--rates`; the generator's own lag (actual
   minus scheduled send) is reported as p99.
 - Per target and rate: every engine's prefix cache is reset
-  (`POST /sim/reset_prefix_cache` once they are idle), then `--warmup` seconds of
-  traffic (not measured: the caches fill), then `--duration` seconds measured.
+  (`POST /sim/reset_prefix_cache` once they are idle), then `--warmup` requests'
+  worth of traffic (not measured: the caches fill; counted in requests, not
+  seconds, so every load starts the window about as warm), then `--duration` seconds measured.
   Requests still open `--drain` seconds after the last send count as failed.
 - Targets: headcount `round-robin`, `least-loaded`, `prefix`; vllm-router
   `cache_aware`, `kv_aware` (static `--kv-event-source`/`--kv-event-replay-source`
@@ -34,7 +35,7 @@ Method (the numbers are only as good as this):
   each engine's share of the measured requests, generator lag p99.
 
 Usage: `.venv/bin/python bench/routing.py [--quick] [--rates 3,7,11] [--duration S]
-[--warmup S] [--targets a,b] [--require-peers]`; `make bench-routing`. Exit 0 when
+[--warmup N] [--targets a,b] [--require-peers]`; `make bench-routing`. Exit 0 when
 measured, 1 if a headcount target could not be measured, 2 on setup errors. The
 report is printed and written to `bench/out/routing-<timestamp>.md` with the plot
 beside it and in `bench/routing-ttft-p90.png`.
@@ -173,7 +174,7 @@ TARGETS: tuple[Target, ...] = (
 @dataclass(frozen=True)
 class Settings:
     rates: tuple[float, ...]
-    warmup_s: float
+    warmup_requests: int
     duration_s: float
     drain_s: float
     targets: tuple[Target, ...]
@@ -294,7 +295,8 @@ def measure(
     settings: Settings,
 ) -> Row:
     reset_caches(engines)
-    schedule = arrivals(settings.shape, MODEL, rate, settings.warmup_s + settings.duration_s)
+    warmup_s = settings.warmup_requests / rate
+    schedule = arrivals(settings.shape, MODEL, rate, warmup_s + settings.duration_s)
     marks: dict[str, object] = {}
 
     async def at_window_start() -> None:
@@ -307,7 +309,7 @@ def measure(
             f"http://127.0.0.1:{port}",
             schedule,
             settings.drain_s,
-            (settings.warmup_s, at_window_start),
+            (warmup_s, at_window_start),
         )
     )
     if not router.alive():
@@ -319,7 +321,7 @@ def measure(
     split_then = marks.get("served", [0] * ENGINES)
     deltas = [a - b for a, b in zip(split_now, split_then, strict=True)]  # type: ignore[call-overload]
     split = "/".join(f"{100 * d / sum(deltas):.0f}" for d in deltas) if sum(deltas) else "—"
-    measured = [o for o in outcomes if o.arrival.at_s >= settings.warmup_s]
+    measured = [o for o in outcomes if o.arrival.at_s >= warmup_s]
     hit_rate = (hits - hits0) / (queries - queries0) if queries > queries0 else None
     return summarise(target.name, rate, measured, settings.duration_s, hit_rate, cpu, split)
 
@@ -354,7 +356,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--rates", help="comma list of request rates, req/s (default 3,7,11; quick 7)"
     )
     parser.add_argument(
-        "--warmup", type=float, help="seconds of unmeasured traffic per run (default 6; quick 3)"
+        "--warmup",
+        type=int,
+        help="unmeasured requests sent first in each run (default 60; quick 20)",
     )
     parser.add_argument(
         "--duration", type=float, help="measured seconds per run (default 14; quick 6)"
@@ -389,7 +393,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     rates = args.rates or ("7" if args.quick else "3,7,11")
     return Settings(
         rates=tuple(float(rate) for rate in rates.split(",")),
-        warmup_s=args.warmup if args.warmup is not None else (3.0 if args.quick else 6.0),
+        warmup_requests=args.warmup if args.warmup is not None else (20 if args.quick else 60),
         duration_s=args.duration if args.duration is not None else (6.0 if args.quick else 14.0),
         drain_s=args.drain,
         targets=tuple(targets),
@@ -413,7 +417,7 @@ def _report(
             f"- fleet: {ENGINES} sim-engines, --kv-blocks {KV_BLOCKS} --block-size 16 "
             f"--prefill-tokens-per-s {PREFILL_TOKENS_PER_S} --token-delay {TOKEN_DELAY_S}",
             f"- workload: {shape}",
-            f"- per run: caches reset, {settings.warmup_s:g} s warm-up, "
+            f"- per run: caches reset, warm-up {settings.warmup_requests} requests, "
             f"{settings.duration_s:g} s measured, "
             f"drain {settings.drain_s:g} s; Poisson arrivals, open loop",
             "",
