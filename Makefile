@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench bench-hostile bench-soak clean
+.PHONY: install test lint typecheck pytest demo bench bench-hostile bench-soak bench-routing clean
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
@@ -67,3 +67,8 @@ bench-soak: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# Routing quality against the peers' cache-aware routers and an oracle (~12 minutes).
+bench-routing: install
+	bash bench/peers.sh
+	$(BIN)/python bench/routing.py

@@ -429,3 +429,7 @@ def run_wrk(
         p50_ms=summary["p50_us"] / 1e3,
         p99_ms=summary["p99_us"] / 1e3,
     )
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
