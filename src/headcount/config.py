@@ -321,6 +321,27 @@ class AuthSettings:
 
 
 @dataclass(frozen=True)
+class KvEventsSettings:
+    """The engines' KV-event streams, which `--routing kv-aware` routes on."""
+
+    port: int = 5557
+    """vLLM's default `endpoint` port of `--kv-events-config`; a pod annotation overrides it."""
+    replay_port: int = 5558
+    """vLLM's default `replay_endpoint` port."""
+    topic: str = ""
+    """Subscribed topic prefix; vLLM's default topic is empty."""
+    idle_timeout: float = 10.0
+    """An engine that answered our requests but sent no event for this long is stale."""
+    replay_timeout: float = 2.0
+    """A gap's replay must answer within this, else the index is cleared and rebuilt."""
+    tokenizer: str | None = None
+    """A directory in Hugging Face layout, or "builtin" (the simulator's); None: the engines'
+    own `POST /tokenize`."""
+    tokenize_timeout: float = 1.0
+    """An engine's `/tokenize` that answers later is skipped: the request is routed by load."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """The whole router: built from the flags, or in code with the same checks."""
 
@@ -333,6 +354,7 @@ class Settings:
     outlier: OutlierSettings = field(default_factory=OutlierSettings)
     dns: DnsSettings = field(default_factory=DnsSettings)
     supervision: SupervisionSettings = field(default_factory=SupervisionSettings)
+    kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
 
     def __post_init__(self) -> None:
         """The checks that span parts: a lookup ends before the probe that waits on it, a

@@ -80,6 +80,9 @@ class EngineSpec:
     """The `lora-modified` annotation: a new value means adapters changed."""
     object_ref: str | None = None
     resource_version: str | None = None
+    kv_events_port: int | None = None
+    """Where its KV-event publisher listens (a pod annotation), None: the router's default."""
+    kv_events_replay_port: int | None = None
 
     def probe_key(self) -> tuple[object, ...]:
         """The fields whose change requires a re-probe; other changes are bookkeeping."""
@@ -104,6 +107,17 @@ class EngineLoad:
     """Scraped `vllm:num_requests_running`: every router's traffic, not only ours."""
     waiting: float = 0.0
     kv_usage: float | None = None
+    prefill_queued: int = 0
+    """Prompt tokens this router sent that the engine has not answered yet (no first byte),
+    less those predicted cached: the prefill work queued on it by us."""
+    prefix_cache_queries: float | None = None
+    """Scraped `vllm:prefix_cache_queries_total` (tokens), None until scraped."""
+    prefix_cache_hits: float | None = None
+    """Scraped `vllm:prefix_cache_hits_total` (tokens)."""
+    kv_capacity_blocks: int | None = None
+    """`num_gpu_blocks` of the scraped `vllm:cache_config_info`."""
+    kv_block_size: int | None = None
+    """`block_size` of the scraped `vllm:cache_config_info`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ class RoutingName(enum.StrEnum):
     LEAST_LOADED = "least-loaded"
     SESSION = "session"
     PREFIX = "prefix"
+    KV_AWARE = "kv-aware"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,49 @@
+"""The contract between an engine's event subscriber and the index it feeds.
+
+The subscriber (`subscriber.py`) owns the sockets and the sequence; it tells
+its sink only what the index must act on, so the index and its trust logic
+are tested without ZMQ and the subscriber without an index.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+from headcount.kvevents import EventBatch
+
+__all__ = ["ClearReason", "StreamSink"]
+
+
+class ClearReason(enum.StrEnum):
+    """Why an engine's index was emptied: the `reason` label of the clears metric."""
+
+    ALL_BLOCKS_CLEARED = "all_blocks_cleared"
+    """The engine said so (its prefix cache was reset)."""
+    RESTART = "restart"
+    """The sequence went backwards: a new engine process with an empty cache."""
+    GAP = "gap"
+    """Batches were missed and the replay could not return them."""
+    OVERFLOW = "overflow"
+    """The index held more blocks than the engine can: removals were missed."""
+    DISAGREEMENT = "disagreement"
+    """The engine's own hit counter contradicts what the index predicted."""
+
+
+class StreamSink(Protocol):
+    """What an engine's subscriber reports, in order, from one task."""
+
+    def connected(self, up: bool) -> None:
+        """The SUB socket reached the publisher (True), or lost it (False)."""
+
+    def batch(self, seq: int, batch: EventBatch) -> None:
+        """The next batch in sequence (live, or replayed to fill a gap)."""
+
+    def gap(self, expected: int, got: int) -> None:
+        """Batches `expected`..`got - 1` were missed; a replay is being asked for."""
+
+    def replayed(self, filled: bool) -> None:
+        """The replay for the last gap filled it, or could not (then `clear(GAP)` follows)."""
+
+    def clear(self, reason: ClearReason) -> None:
+        """Forget everything the engine held; what follows starts from empty."""
