@@ -1,4 +1,4 @@
-"""Which engine holds which prompt prefix, from the engines' own KV events; never trusted once wrong.
+"""Which engine holds which prompt prefix, from the engines' own KV events; never trusted if wrong.
 
 One subscriber per engine (`subscriber.py`) reads vLLM's KV-event stream and
 feeds that engine's index (`index.py`), keyed by the router's own chained
