@@ -1,4 +1,4 @@
-"""How far an engine's cache index may be trusted, in the words of `/engines`, `/health`, metrics."""
+"""How far an engine's cache index may be trusted, in the words `/engines` and `/health` use."""
 
 from __future__ import annotations
 
