@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import zmq
@@ -22,6 +22,8 @@ from headcount.kvevents import (
     Layout,
     encode_batch,
     pub_frames,
+    replay_end,
+    replay_reply,
 )
 from headcount.kvindex.stream import ClearReason, SubscriberTarget
 from headcount.kvindex.subscriber import EventSubscriber
@@ -41,9 +43,12 @@ class RecordingSink:
 
     calls: list[tuple[object, ...]] = field(default_factory=list)
     batches: list[tuple[int, EventBatch]] = field(default_factory=list)
+    connections: list[bool] = field(default_factory=list)
+    """Every `connected` call, never forgotten."""
 
     def connected(self, up: bool) -> None:
         self.calls.append(("connected", up))
+        self.connections.append(up)
 
     def batch(self, seq: int, batch: EventBatch) -> None:
         self.calls.append(("batch", seq))
@@ -147,11 +152,18 @@ def target_of(publisher: KvEventPublisher) -> SubscriberTarget:
 
 @contextlib.asynccontextmanager
 async def subscribing(
-    target: SubscriberTarget,
+    target: SubscriberTarget, *, held_limit: int = 10_000, yield_every: int = 64
 ) -> AsyncIterator[tuple[EventSubscriber, RecordingSink]]:
     """A running subscriber; on exit it must still be running, and end cancelled."""
     sink = RecordingSink()
-    subscriber = EventSubscriber(target, sink, reconnect_ivl=0.05, reconnect_ivl_max=0.2)
+    subscriber = EventSubscriber(
+        target,
+        sink,
+        reconnect_ivl=0.05,
+        reconnect_ivl_max=0.2,
+        held_limit=held_limit,
+        yield_every=yield_every,
+    )
     task = asyncio.create_task(subscriber.run())
     try:
         yield subscriber, sink
@@ -349,7 +361,12 @@ async def test_a_publisher_that_appears_later_is_reached_and_read() -> None:
             markers = steps.publish(4)
             await received(sink, markers)
             assert sink.markers() == markers
-        await wait_until(lambda: sink.calls[-1:] == [("connected", False)], what="disconnected")
+        await wait_until(lambda: sink.connections == [True, False], what="disconnected")
+        another = _publisher(port=port, replay_port=replay_port)
+        try:
+            await wait_until(lambda: sink.connections == [True, False, True], what="reconnected")
+        finally:
+            await another.close()
 
 
 # ---------------------------------------------------------------- frames no publisher sends
@@ -423,3 +440,126 @@ async def test_batches_of_another_data_parallel_rank_are_ignored_without_a_gap()
             assert sink.markers() == [10, 12]
             assert sink.control() == [("connected", True)]
             assert subscriber.counts.other_rank == 1
+
+
+# ---------------------------------------------------------------- replies no publisher sends
+
+
+class HandRouter:
+    """A replay socket that answers only as a test says."""
+
+    def __init__(self) -> None:
+        self.socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        self.socket.bind("tcp://127.0.0.1:0")
+        self.endpoint: str = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def request(self) -> tuple[bytes, int]:
+        """The next replay request: who asked, from which seq."""
+        assert await self.socket.poll(5000), "no replay request arrived"
+        identity, delimiter, start = await self.socket.recv_multipart()
+        assert delimiter == b""
+        return identity, int.from_bytes(start, "big")
+
+    async def answer(self, identity: bytes, markers: dict[int, int]) -> None:
+        """Batches `seq: marker`, then the end marker."""
+        for seq, marker in markers.items():
+            reply = replay_reply("current", TOPIC.encode(), seq, payload(marker))
+            await self.socket.send_multipart([identity, *reply])
+        await self.socket.send_multipart([identity, *replay_end("current")])
+
+
+@contextlib.asynccontextmanager
+async def hand_made() -> AsyncIterator[tuple[HandPub, HandRouter, SubscriberTarget]]:
+    router = HandRouter()
+    try:
+        with hand_pub() as pub:
+            yield pub, router, SubscriberTarget(pub.endpoint, router.endpoint, TOPIC, 0.5)
+    finally:
+        router.socket.close(linger=0)
+
+
+async def test_a_replay_that_ends_before_the_live_batch_clears_the_index() -> None:
+    async with hand_made() as (pub, router, target), subscribing(target) as (_, sink):
+        await pub.subscribed()
+        await pub.send(0, payload(10))
+        await pub.send(3, payload(13))
+        identity, start = await router.request()
+        assert start == 1
+        await router.answer(identity, {1: 11})
+        await received(sink, [13])
+        assert sink.calls[1:] == [
+            ("batch", 0),
+            ("gap", 1, 3),
+            ("batch", 1),
+            ("replayed", False),
+            ("clear", ClearReason.GAP),
+            ("batch", 3),
+        ]
+
+
+async def test_a_late_answer_to_an_abandoned_replay_is_not_taken_for_the_next() -> None:
+    async with hand_made() as (pub, router, target), subscribing(target) as (_, sink):
+        await pub.subscribed()
+        await pub.send(0, payload(10))
+        await pub.send(2, payload(12))
+        abandoned, _ = await router.request()
+        await wait_until(lambda: ("replayed", False) in sink.calls, what="the replay timed out")
+        await pub.send(5, payload(15))
+        current, start = await router.request()
+        assert start == 3
+        await router.answer(abandoned, {3: 13, 4: 14})
+        await wait_until(lambda: sink.calls.count(("replayed", False)) == 2, what="2nd timeout")
+        assert current != abandoned
+        assert sink.markers() == [10, 12, 15]
+
+
+async def test_live_batches_held_during_a_replay_are_bounded_and_the_rest_replayed() -> None:
+    async with (
+        hand_made() as (pub, router, target),
+        subscribing(replace(target, replay_timeout=5.0), held_limit=4) as (subscriber, sink),
+    ):
+        await pub.subscribed()
+        await pub.send(0, payload(10))
+        await pub.send(2, payload(12))
+        identity, _ = await router.request()
+        for seq in range(3, 13):
+            await pub.send(seq, payload(10 + seq))
+        await wait_until(lambda: subscriber.counts.held_dropped == 6, what="held batches")
+        await router.answer(identity, {1: 11, 2: 12, 3: 13})
+        identity, start = await router.request()
+        assert start == 4
+        await router.answer(identity, {seq: 10 + seq for seq in range(4, 13)})
+        await received(sink, [22])
+        assert sink.markers() == list(range(10, 23))
+        assert sink.control()[1:] == [
+            ("gap", 1, 2),
+            ("replayed", True),
+            ("gap", 4, 9),  # the 4 newest held were kept
+            ("replayed", True),
+        ]
+
+
+async def test_a_burst_of_batches_lets_the_loop_run_now_and_then() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    with hand_pub() as pub:
+        async with subscribing(hand_target(pub), yield_every=16) as (_, sink):
+            await pub.subscribed()
+            ticking = asyncio.create_task(ticker())
+            seen: list[int] = []
+            record = sink.batch
+            sink.batch = lambda seq, batch: (seen.append(ticks), record(seq, batch))[1]  # type: ignore[method-assign]
+            for seq in range(500):
+                pub.socket.send_multipart(
+                    pub_frames(TOPIC.encode(), seq, payload(seq)), zmq.NOBLOCK
+                )
+            await received(sink, [499])
+            ticking.cancel()
+            runs = [seen.count(tick) for tick in set(seen)]
+            assert max(runs) <= 16
