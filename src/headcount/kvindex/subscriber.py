@@ -21,8 +21,10 @@ only what the index must act on (docs/RESEARCH-kv-events.md §6(b)):
   TCP connect, counts as connected, so a port held by something else is not a
   publisher; heartbeats make a silently dead peer count as disconnected.
 
-Reconnecting is ZMQ's own. A frame that does not decode is logged (rate
-limited), counted, and is a missed batch: the next one reveals the gap.
+Reconnecting is ZMQ's own. Every message is awaited through a poller, which
+lets the loop run between any two, so a burst of batches never starves it.
+A frame that does not decode is logged (rate limited), counted, and is a
+missed batch: the next one reveals the gap.
 Data-parallel engines are left out: one subscriber per engine, on rank 0's
 port, and batches of another rank are ignored and counted.
 """
@@ -95,7 +97,6 @@ class EventSubscriber:
         heartbeat_ivl: float = 2.0,
         heartbeat_timeout: float = 6.0,
         held_limit: int = 10_000,
-        yield_every: int = 64,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.target = target
@@ -109,7 +110,6 @@ class EventSubscriber:
             zmq.HEARTBEAT_TIMEOUT: round(heartbeat_timeout * 1000),
             zmq.LINGER: 0,
         }
-        self._yield_every = yield_every
         self._clock = clock
         self._connected = False
         self._last: int | None = None
@@ -117,7 +117,6 @@ class EventSubscriber:
         self._live: int | None = None
         """The seq of the last live frame read, applied or not: restarts show against it."""
         self._held: deque[list[bytes]] = deque(maxlen=held_limit)
-        self._handled = 0
         self._decode_logged_at: float | None = None
 
     async def run(self) -> None:
@@ -144,6 +143,7 @@ class EventSubscriber:
         while True:
             while self._held:
                 await self._on_live(self._held.popleft(), sub, monitor)
+                await asyncio.sleep(0)  # held frames skip the poller, which would yield
             ready = dict(await poller.poll())
             if monitor in ready:
                 self._on_monitor(await monitor.recv_multipart())
@@ -169,9 +169,6 @@ class EventSubscriber:
     async def _on_live(
         self, frames: list[bytes], sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
     ) -> None:
-        self._handled += 1
-        if self._handled % self._yield_every == 0:
-            await asyncio.sleep(0)
         try:
             if len(frames) != 3:
                 raise KvEventDecodeError(f"a live message has 3 frames, not {len(frames)}")
@@ -287,9 +284,6 @@ class EventSubscriber:
             except KvEventDecodeError as exc:
                 self._undecodable(exc)
                 raise _ReplayFailed("an undecodable reply") from None
-            self._handled += 1
-            if self._handled % self._yield_every == 0:
-                await asyncio.sleep(0)
             expected = 0 if self._last is None else self._last + 1
             if seq > expected:  # the engine no longer holds what was missed
                 raise _ReplayFailed(f"batch {expected} is not in it (it went on with {seq})")
