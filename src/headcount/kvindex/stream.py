@@ -8,11 +8,13 @@ are tested without ZMQ and the subscriber without an index.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from headcount.kvevents import EventBatch
 
-__all__ = ["ClearReason", "StreamSink"]
+__all__ = ["ClearReason", "StreamSink", "Subscriber", "SubscriberFactory", "SubscriberTarget"]
 
 
 class ClearReason(enum.StrEnum):
@@ -47,3 +49,28 @@ class StreamSink(Protocol):
 
     def clear(self, reason: ClearReason) -> None:
         """Forget everything the engine held; what follows starts from empty."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberTarget:
+    """Where one engine publishes its KV events, and how long a replay may take."""
+
+    endpoint: str
+    """The PUB socket, `tcp://host:5557`."""
+    replay_endpoint: str
+    """The replay ROUTER socket, `tcp://host:5558`."""
+    topic: str
+    """The subscribed topic prefix (vLLM's default is empty)."""
+    replay_timeout: float
+    """Seconds a whole replay may take before the gap counts as unfillable."""
+
+
+class Subscriber(Protocol):
+    """One engine's event subscriber: feeds its sink until cancelled."""
+
+    async def run(self) -> None:
+        """Subscribe and report to the sink until cancelled; never raises otherwise."""
+
+
+SubscriberFactory = Callable[[SubscriberTarget, StreamSink], Subscriber]
+"""Makes an engine's subscriber (the registry's seam: tests pass a fake)."""
