@@ -6,15 +6,18 @@ the loop for a small body (`admit`), in a worker process for a large one
 (`parsepool.py`, then `admit_read`); the body itself is forwarded byte for
 byte. The policy picks among `snapshot.candidates(model)`. The result is typed:
 `Admitted` (the engine and the request's features) or `Refused` (the answer to
-send and the model label to count it under).
+send and the model label to count it under). For the `kv-aware` policy the
+features carry the prompt (`kvroute.KvRequest`), tokenized by the data plane.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from headcount._http.handler import Request
 from headcount.fleet import Engine, Snapshot
+from headcount.kvroute import KvAware
 from headcount.metrics import UNKNOWN_MODEL
 from headcount.proxy import payload
 from headcount.proxy.errors import (
@@ -72,15 +75,22 @@ def admit(request: Request, snapshot: Snapshot, policy: Policy) -> Admitted | Re
     return admit_read(read, snapshot, policy)
 
 
-def admit_read(read: payload.Outcome, snapshot: Snapshot, policy: Policy) -> Admitted | Refused:
-    """Route a request whose body was read already (`read` is `payload`'s outcome)."""
+def admit_read(
+    read: payload.Outcome,
+    snapshot: Snapshot,
+    policy: Policy,
+    kv: KvAware | None = None,
+    prompt: Sequence[int] | None = None,
+) -> Admitted | Refused:
+    """Route a request whose body was read already (`read` is `payload`'s outcome); for the
+    `kv-aware` policy (`kv`), with its prompt's token ids if known."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
         return Refused(*unroutable(snapshot, model))
-    features = RequestFeatures(model, key)
+    features = RequestFeatures(model, key, None if kv is None else kv.request(model, prompt))
     engine = policy.select(candidates, features)
     if engine is None:
         return Refused(no_engine(f"the routing policy chose no engine for `{model}`"), model)

@@ -24,6 +24,13 @@ endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
 a `LocalHandler`, with no key; it stays open through the drain, so probes and
 scrapes are answered until the process ends.
 
+With the `kv-aware` policy (`kvroute.KvAware`), a chat or completion
+request's prompt is tokenized before admission (`kvroute.prompts`): on the
+loop with the router's tokenizer for a body up to its `inline_tokenize_max`,
+else by one candidate engine's `POST /tokenize` in a task, as a large body's
+parse is; a body read by a worker, or whose tokens cannot be had, is routed by
+load. Other policies skip all of it.
+
 The proxy keeps, per engine, the exchanges still waiting for its first byte;
 when the fleet says an engine left rotation or the fleet, those fail over at
 once (`Exchange.engine_left`) instead of waiting out `--read-timeout`.
@@ -49,6 +56,7 @@ import logging
 import os
 import resource
 from collections.abc import Awaitable
+from typing import Any
 
 from headcount._http.acceptor import ClientListener, listen
 from headcount._http.connections import ConnectionRegistry
@@ -63,13 +71,17 @@ from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
+from headcount.kvroute import KvAware
+from headcount.kvroute.prompts import EngineTokenize, local_ids
 from headcount.metrics import UNKNOWN_MODEL, Metrics
+from headcount.proxy import payload
 from headcount.proxy.admission import Admitted, Refused, admit, admit_read
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
 from headcount.proxy.parsepool import ParsePool
-from headcount.routing import Policy
+from headcount.routing import LeastLoaded, Policy, RequestFeatures
+from headcount.tokens import PromptKind
 
 __all__ = ["Proxy", "start_local_server", "start_server"]
 
@@ -82,6 +94,10 @@ _OPEN_PREFIXES = (b"/livez/", b"/readyz/")
 _MISSING_KEY = Refused(MISSING_API_KEY, UNKNOWN_MODEL)
 _INVALID_KEY = Refused(INVALID_API_KEY, UNKNOWN_MODEL)
 _UNAUTHORIZED_HEADERS = JSON_HEADER + b"www-authenticate: Bearer\r\n"
+_PROMPT_KINDS: dict[bytes, PromptKind] = {
+    b"/v1/chat/completions": "chat",
+    b"/v1/completions": "completion",
+}
 
 
 class Proxy:
@@ -135,6 +151,17 @@ class Proxy:
                 dial=dial,
             )
         )
+        self._kv = policy if isinstance(policy, KvAware) else None
+        self._engine_tokenize = (
+            None
+            if self._kv is None or self._kv.routing.tokenizer is not None
+            else EngineTokenize(
+                self.upstreams,
+                timeout=self._kv.routing.tokenize_timeout,
+                answer_max=self._kv.routing.tokenize_answer_max,
+            )
+        )
+        self._tokenize_at = LeastLoaded()
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
@@ -279,8 +306,64 @@ class Proxy:
             task = self._spawn(self._forward_read(request, responder, loop, started))
             responder.attach(TaskExchange(task))
             return
+        if self._kv is not None:
+            self._forward_kv(self._kv, request, responder, loop, started)
+            return
         decision = admit(request, self.fleet.snapshot, self.policy)
         self._proceed(request, responder, decision, loop, started)
+
+    def _forward_kv(
+        self,
+        kv: KvAware,
+        request: Request,
+        responder: Responder,
+        loop: asyncio.AbstractEventLoop,
+        started: float,
+    ) -> None:
+        """Admission for `kv-aware`: the prompt's ids first (module docstring)."""
+        parsed = payload.parse_request(request.body)
+        kind = _PROMPT_KINDS.get(request.path)
+        if isinstance(parsed, str) or kind is None:
+            read = parsed if isinstance(parsed, str) else (parsed["model"], None)
+            decision = admit_read(read, self.fleet.snapshot, kv, kv)
+            self._proceed(request, responder, decision, loop, started)
+            return
+        model: str = parsed["model"]
+        tokenizer = kv.routing.tokenizer
+        if tokenizer is not None:
+            ids = None
+            if len(request.body) <= kv.routing.inline_tokenize_max:
+                ids = local_ids(parsed, kind, tokenizer)
+            decision = admit_read((model, None), self.fleet.snapshot, kv, kv, ids)
+            self._proceed(request, responder, decision, loop, started)
+            return
+        task = self._spawn(self._forward_tokenized(kv, request, responder, parsed, kind, started))
+        responder.attach(TaskExchange(task))
+
+    async def _forward_tokenized(
+        self,
+        kv: KvAware,
+        request: Request,
+        responder: Responder,
+        parsed: dict[str, Any],
+        kind: PromptKind,
+        started: float,
+    ) -> None:
+        """Admission after asking a candidate engine (the least loaded) for the prompt's ids."""
+        loop = asyncio.get_running_loop()
+        try:
+            model: str = parsed["model"]
+            asker = self._engine_tokenize
+            candidates = self.fleet.snapshot.candidates(model)
+            engine = self._tokenize_at.select(candidates, RequestFeatures(model))
+            ids = None
+            if asker is not None and engine is not None:
+                ids = await asker.ids(engine, parsed, kind)
+            decision = admit_read((model, None), self.fleet.snapshot, kv, kv, ids)
+            self._proceed(request, responder, decision, loop, started)
+        except Exception:
+            _log.exception("routing a request after tokenizing it failed")
+            responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
 
     async def _forward_read(
         self,
@@ -291,7 +374,7 @@ class Proxy:
     ) -> None:
         try:
             read = await self._parser.read(request.body, self.policy.key_source, request.headers)
-            decision = admit_read(read, self.fleet.snapshot, self.policy)
+            decision = admit_read(read, self.fleet.snapshot, self.policy, self._kv)
             self._proceed(request, responder, decision, loop, started)
         except Exception:
             _log.exception("routing a request with a large body failed")

@@ -29,6 +29,7 @@ __all__ = [
     "PromptKind",
     "RequestTokensError",
     "chat_prompt_ids",
+    "completion_prompt",
     "completion_prompt_ids",
     "prompt_ids",
     "tokenize",
@@ -72,14 +73,22 @@ def chat_prompt_ids(body: Body, tokenizer: ChatTokenizer) -> list[int]:
 
 
 def completion_prompt_ids(body: Body, tokenizer: ChatTokenizer) -> list[int]:
+    prompt = completion_prompt(body)
+    if isinstance(prompt, str):
+        add_special_tokens = _flag(body, "add_special_tokens", True)
+        return _not_empty(tokenizer.prompt_ids(prompt, add_special_tokens=add_special_tokens))
+    return _not_empty(tokenizer.prompt_ids(prompt))
+
+
+def completion_prompt(body: Body) -> str | list[int]:
+    """A completion request's one prompt: text, or token ids as given."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        add_special_tokens = _flag(body, "add_special_tokens", True)
-        return _not_empty(tokenizer.prompt_ids(prompt, add_special_tokens=add_special_tokens))
+        return prompt
     if isinstance(prompt, list) and all(_is_token_id(item) for item in prompt):
-        return _not_empty(tokenizer.prompt_ids(prompt))
+        return prompt
     raise RequestTokensError("`prompt` must be a string or a list of token ids (one prompt)")
 
 
