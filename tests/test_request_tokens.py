@@ -147,7 +147,7 @@ async def upstreams() -> AsyncIterator[Upstreams]:
     pools = Upstreams(
         PoolOptions(
             connect_timeout=1.0,
-            read_timeout=5.0,
+            read_timeout=30.0,
             idle_timeout=30.0,
             max_idle=4,
             max_head_size=16384,
@@ -193,7 +193,12 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n"
     [
         ("slow", OK, b'{"tokens":[1,2]}', 5.0),
         ("oversize", OK, b'{"tokens":[' + b"1," * 4000 + b"1]}", 0.0),
-        ("refused", b"HTTP/1.1 404 Not Found\r\ncontent-length: %d\r\n\r\n", b"{}", 0.0),
+        (
+            "refused",
+            b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n",
+            b'{"tokens":[1]}',
+            0.0,
+        ),
         ("garbage", OK, b"not json", 0.0),
         ("no tokens", OK, b'{"tokens":[]}', 0.0),
     ],
