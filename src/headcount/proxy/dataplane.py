@@ -55,7 +55,7 @@ import itertools
 import logging
 import os
 import resource
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from headcount._http.acceptor import ClientListener, listen
@@ -72,16 +72,20 @@ from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
 from headcount.kvroute import KvAware
-from headcount.kvroute.prompts import EngineTokenize, local_ids
 from headcount.metrics import UNKNOWN_MODEL, Metrics
-from headcount.proxy import payload
-from headcount.proxy.admission import Admitted, Refused, admit, admit_read
+from headcount.proxy.admission import (
+    Admitted,
+    AskEngine,
+    PromptAdmission,
+    Refused,
+    admit,
+    admit_read,
+)
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
 from headcount.proxy.parsepool import ParsePool
-from headcount.routing import LeastLoaded, Policy, RequestFeatures
-from headcount.tokens import PromptKind
+from headcount.routing import Policy
 
 __all__ = ["Proxy", "start_local_server", "start_server"]
 
@@ -94,10 +98,6 @@ _OPEN_PREFIXES = (b"/livez/", b"/readyz/")
 _MISSING_KEY = Refused(MISSING_API_KEY, UNKNOWN_MODEL)
 _INVALID_KEY = Refused(INVALID_API_KEY, UNKNOWN_MODEL)
 _UNAUTHORIZED_HEADERS = JSON_HEADER + b"www-authenticate: Bearer\r\n"
-_PROMPT_KINDS: dict[bytes, PromptKind] = {
-    b"/v1/chat/completions": "chat",
-    b"/v1/completions": "completion",
-}
 
 
 class Proxy:
@@ -152,16 +152,7 @@ class Proxy:
             )
         )
         self._kv = policy if isinstance(policy, KvAware) else None
-        self._engine_tokenize = (
-            None
-            if self._kv is None or self._kv.routing.tokenizer is not None
-            else EngineTokenize(
-                self.upstreams,
-                timeout=self._kv.routing.tokenize_timeout,
-                answer_max=self._kv.routing.tokenize_answer_max,
-            )
-        )
-        self._tokenize_at = LeastLoaded()
+        self._prompted = None if self._kv is None else PromptAdmission(self._kv, self.upstreams)
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
@@ -303,82 +294,44 @@ class Proxy:
         started = loop.time()
         if len(request.body) > self._inline_parse_max:
             # Parsing a large body could stall the loop: a worker process reads it.
-            task = self._spawn(self._forward_read(request, responder, loop, started))
-            responder.attach(TaskExchange(task))
+            self._forward_later(request, responder, self._read_large(request), loop, started)
             return
-        if self._kv is not None:
-            self._forward_kv(self._kv, request, responder, loop, started)
+        prompted = self._prompted
+        if prompted is None:
+            self._proceed(
+                request, responder, admit(request, self.fleet.snapshot, self.policy), loop, started
+            )
             return
-        decision = admit(request, self.fleet.snapshot, self.policy)
-        self._proceed(request, responder, decision, loop, started)
+        decision = prompted.admit(request, self.fleet.snapshot)
+        if isinstance(decision, AskEngine):
+            later = prompted.asked(decision, self.fleet)
+            self._forward_later(request, responder, later, loop, started)
+        else:
+            self._proceed(request, responder, decision, loop, started)
 
-    def _forward_kv(
+    async def _read_large(self, request: Request) -> Admitted | Refused:
+        read = await self._parser.read(request.body, self.policy.key_source, request.headers)
+        return admit_read(read, self.fleet.snapshot, self.policy, self._kv)
+
+    def _forward_later(
         self,
-        kv: KvAware,
         request: Request,
         responder: Responder,
+        decision: Coroutine[Any, Any, Admitted | Refused],
         loop: asyncio.AbstractEventLoop,
         started: float,
     ) -> None:
-        """Admission for `kv-aware`: the prompt's ids first (module docstring)."""
-        parsed = payload.parse_request(request.body)
-        kind = _PROMPT_KINDS.get(request.path)
-        if isinstance(parsed, str) or kind is None:
-            read = parsed if isinstance(parsed, str) else (parsed["model"], None)
-            decision = admit_read(read, self.fleet.snapshot, kv, kv)
-            self._proceed(request, responder, decision, loop, started)
-            return
-        model: str = parsed["model"]
-        tokenizer = kv.routing.tokenizer
-        if tokenizer is not None:
-            ids = None
-            if len(request.body) <= kv.routing.inline_tokenize_max:
-                ids = local_ids(parsed, kind, tokenizer)
-            decision = admit_read((model, None), self.fleet.snapshot, kv, kv, ids)
-            self._proceed(request, responder, decision, loop, started)
-            return
-        task = self._spawn(self._forward_tokenized(kv, request, responder, parsed, kind, started))
-        responder.attach(TaskExchange(task))
+        """Route once `decision` is made (by a worker, or an engine's `/tokenize`), in a task
+        the client's leaving cancels."""
 
-    async def _forward_tokenized(
-        self,
-        kv: KvAware,
-        request: Request,
-        responder: Responder,
-        parsed: dict[str, Any],
-        kind: PromptKind,
-        started: float,
-    ) -> None:
-        """Admission after asking a candidate engine (the least loaded) for the prompt's ids."""
-        loop = asyncio.get_running_loop()
-        try:
-            model: str = parsed["model"]
-            asker = self._engine_tokenize
-            candidates = self.fleet.snapshot.candidates(model)
-            engine = self._tokenize_at.select(candidates, RequestFeatures(model))
-            ids = None
-            if asker is not None and engine is not None:
-                ids = await asker.ids(engine, parsed, kind)
-            decision = admit_read((model, None), self.fleet.snapshot, kv, kv, ids)
-            self._proceed(request, responder, decision, loop, started)
-        except Exception:
-            _log.exception("routing a request after tokenizing it failed")
-            responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
+        async def forward() -> None:
+            try:
+                self._proceed(request, responder, await decision, loop, started)
+            except Exception:
+                _log.exception("routing a request after reading its body failed")
+                responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
 
-    async def _forward_read(
-        self,
-        request: Request,
-        responder: Responder,
-        loop: asyncio.AbstractEventLoop,
-        started: float,
-    ) -> None:
-        try:
-            read = await self._parser.read(request.body, self.policy.key_source, request.headers)
-            decision = admit_read(read, self.fleet.snapshot, self.policy, self._kv)
-            self._proceed(request, responder, decision, loop, started)
-        except Exception:
-            _log.exception("routing a request with a large body failed")
-            responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
+        responder.attach(TaskExchange(self._spawn(forward())))
 
     def _proceed(
         self,

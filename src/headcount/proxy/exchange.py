@@ -28,6 +28,8 @@ attempt's end by any path); the index hears `routed` at dispatch and
 (`kvroute.request`) of the engine that answered.
 
 An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
+(Over 450 lines: one request's single end, every path through `_release`, is
+easier to check in one file than split.)
 """
 
 from __future__ import annotations
