@@ -10,6 +10,8 @@ key from the already-parsed body (and headers) only for such a policy.
     least-loaded  fewest requests: this router's in-flight plus the scraped queue
     session       same `x-session-id` header (or body `user`) -> same engine
     prefix        same prompt beginning -> same engine (its prefix cache is warm)
+    kv-aware      lowest predicted time to first token from the engines' own KV caches
+                  and their queued prefill (`headcount.kvroute`)
 
 `session` and `prefix` use rendezvous hashing with bounded load: the key ranks
 the engines, and the first one under (1 + epsilon) times the mean in-flight
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from headcount.fleet import Engine
+from headcount.kvroute.policy import KvAware, KvRouting
+from headcount.kvroute.request import KvRequest
 
 __all__ = [
     "PREFIX_CHARS",
@@ -59,6 +63,8 @@ class RequestFeatures:
     model: str
     key: str | None = None
     """The affinity key, extracted only for a policy with a `key_source`."""
+    kv: KvRequest | None = None
+    """The prompt and its cache predictions, only for the `kv-aware` policy."""
 
 
 HeaderLookup = Callable[[bytes], bytes | None]
@@ -210,8 +216,15 @@ class Affinity:
         return ranked[0]
 
 
-def make_policy(name: RoutingName, *, affinity_epsilon: float) -> Policy:
-    """The policy called `name`; `affinity_epsilon` bounds the load of session and prefix."""
+def make_policy(
+    name: RoutingName, *, affinity_epsilon: float, kv: KvRouting | None = None
+) -> Policy:
+    """The policy called `name`; `affinity_epsilon` bounds the load of session, prefix and
+    kv-aware, which also needs `kv` (its index, tokenizer and costs)."""
+    if name is RoutingName.KV_AWARE:
+        if kv is None:
+            raise ValueError("the kv-aware policy needs the engines' cache indexes (kv=...)")
+        return KvAware(kv, epsilon=affinity_epsilon)
     if name is RoutingName.LEAST_LOADED:
         return LeastLoaded()
     if name is RoutingName.SESSION:

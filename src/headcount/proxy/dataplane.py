@@ -24,6 +24,13 @@ endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
 a `LocalHandler`, with no key; it stays open through the drain, so probes and
 scrapes are answered until the process ends.
 
+With the `kv-aware` policy (`kvroute.KvAware`), a chat or completion
+request's prompt is tokenized before admission (`kvroute.prompts`): on the
+loop with the router's tokenizer for a body up to its `inline_tokenize_max`,
+else by one candidate engine's `POST /tokenize` in a task, as a large body's
+parse is; a body read by a worker, or whose tokens cannot be had, is routed by
+load. Other policies skip all of it.
+
 The proxy keeps, per engine, the exchanges still waiting for its first byte;
 when the fleet says an engine left rotation or the fleet, those fail over at
 once (`Exchange.engine_left`) instead of waiting out `--read-timeout`.
@@ -48,7 +55,8 @@ import itertools
 import logging
 import os
 import resource
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
+from typing import Any
 
 from headcount._http.acceptor import ClientListener, listen
 from headcount._http.connections import ConnectionRegistry
@@ -63,8 +71,16 @@ from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
+from headcount.kvroute import KvAware
 from headcount.metrics import UNKNOWN_MODEL, Metrics
-from headcount.proxy.admission import Admitted, Refused, admit, admit_read
+from headcount.proxy.admission import (
+    Admitted,
+    AskEngine,
+    PromptAdmission,
+    Refused,
+    admit,
+    admit_read,
+)
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
@@ -135,6 +151,8 @@ class Proxy:
                 dial=dial,
             )
         )
+        self._kv = policy if isinstance(policy, KvAware) else None
+        self._prompted = None if self._kv is None else PromptAdmission(self._kv, self.upstreams)
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
@@ -276,26 +294,44 @@ class Proxy:
         started = loop.time()
         if len(request.body) > self._inline_parse_max:
             # Parsing a large body could stall the loop: a worker process reads it.
-            task = self._spawn(self._forward_read(request, responder, loop, started))
-            responder.attach(TaskExchange(task))
+            self._forward_later(request, responder, self._read_large(request), loop, started)
             return
-        decision = admit(request, self.fleet.snapshot, self.policy)
-        self._proceed(request, responder, decision, loop, started)
+        prompted = self._prompted
+        if prompted is None:
+            self._proceed(
+                request, responder, admit(request, self.fleet.snapshot, self.policy), loop, started
+            )
+            return
+        decision = prompted.admit(request, self.fleet.snapshot)
+        if isinstance(decision, AskEngine):
+            later = prompted.asked(decision, self.fleet)
+            self._forward_later(request, responder, later, loop, started)
+        else:
+            self._proceed(request, responder, decision, loop, started)
 
-    async def _forward_read(
+    async def _read_large(self, request: Request) -> Admitted | Refused:
+        read = await self._parser.read(request.body, self.policy.key_source, request.headers)
+        return admit_read(read, self.fleet.snapshot, self.policy, self._kv)
+
+    def _forward_later(
         self,
         request: Request,
         responder: Responder,
+        decision: Coroutine[Any, Any, Admitted | Refused],
         loop: asyncio.AbstractEventLoop,
         started: float,
     ) -> None:
-        try:
-            read = await self._parser.read(request.body, self.policy.key_source, request.headers)
-            decision = admit_read(read, self.fleet.snapshot, self.policy)
-            self._proceed(request, responder, decision, loop, started)
-        except Exception:
-            _log.exception("routing a request with a large body failed")
-            responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
+        """Route once `decision` is made (by a worker, or an engine's `/tokenize`), in a task
+        the client's leaving cancels."""
+
+        async def forward() -> None:
+            try:
+                self._proceed(request, responder, await decision, loop, started)
+            except Exception:
+                _log.exception("routing a request after reading its body failed")
+                responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
+
+        responder.attach(TaskExchange(self._spawn(forward())))
 
     def _proceed(
         self,

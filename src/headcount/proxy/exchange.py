@@ -20,7 +20,16 @@ Each answer feeds outlier detection: a 5xx or a gateway error (a broken
 stream included) counts against the engine (`Fleet.record_error`), any other
 answer, once whole, resets its count.
 
+A `kv-aware` routed request (`RequestFeatures.kv`) also holds, per attempt,
+the prompt tokens its engine must prefill in `engine.load.prefill_queued`,
+given back at the same points as the waiting entry (first byte, or the
+attempt's end by any path); the index hears `routed` at dispatch and
+`prefilled` at a 2xx first byte; the response carries the route receipt
+(`kvroute.request`) of the engine that answered.
+
 An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
+(Over 450 lines: one request's single end, every path through `_release`, is
+easier to check in one file than split.)
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from headcount._http.handler import Responder
 from headcount._http.pool import UpstreamPool, Upstreams
 from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
-from headcount.fleet import Engine, Fleet, Snapshot
+from headcount.fleet import Engine, EngineLoad, Fleet, Snapshot
 from headcount.metrics import Metrics
 from headcount.outliers import GATEWAY_ERROR, HTTP_5XX
 from headcount.proxy.errors import (
@@ -109,6 +118,7 @@ class Exchange:
         "_head_sent",
         "_loop",
         "_paused",
+        "_prefill",
         "_request_id",
         "_responder",
         "_stale_retried",
@@ -153,6 +163,7 @@ class Exchange:
         self._ttfb: float | None = None
         self._waiting_in: dict[Exchange, None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._prefill: tuple[EngineLoad, int] | None = None
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -171,6 +182,9 @@ class Exchange:
             waiting = context.waiting[engine.id] = {}
         waiting[self] = None
         self._waiting_in = waiting
+        kv = self._features.kv
+        if kv is not None:
+            self._prefill = (load, kv.dispatch(engine))
         if context.first_byte_timeout is not None:
             self._timer = self._loop.call_later(context.first_byte_timeout, self._first_byte_late)
         pool = context.upstreams.pool(engine.id, engine.url)
@@ -240,6 +254,10 @@ class Exchange:
         if timer is not None:
             self._timer = None
             timer.cancel()
+        prefill = self._prefill
+        if prefill is not None:
+            self._prefill = None
+            prefill[0].prefill_queued -= prefill[1]
 
     def _answered(self, engine: Engine, status: int) -> None:
         """The first response byte: no more waiting; a 5xx counts against the engine (any
@@ -247,6 +265,8 @@ class Exchange:
         self._unwait()
         if status >= 500:
             self._count_error(engine, HTTP_5XX)
+        elif status < 300 and self._features.kv is not None:
+            self._features.kv.prefilled(engine)
 
     def _count_error(self, engine: Engine, reason: str) -> None:
         if self._context.fleet.record_error(engine.id, reason):
@@ -307,6 +327,9 @@ class Exchange:
                 self._status = head.status
                 self._head_sent = True
                 block = response_headers(head.headers, self._request_id)
+                kv, engine = self._features.kv, self._engine
+                if kv is not None and engine is not None:
+                    block += kv.receipt(engine)
                 self._responder.start(
                     head.status, head.reason, block, head.content_length, body, complete
                 )

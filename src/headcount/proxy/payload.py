@@ -37,6 +37,7 @@ __all__ = [
     "decode_outcome",
     "encode_request",
     "key_source_name",
+    "parse_request",
     "read_payload",
     "worker_main",
 ]
@@ -66,6 +67,15 @@ def read_payload(
     body: bytes, key_source: _KeySource | None, header: Callable[[bytes], bytes | None]
 ) -> Outcome:
     """`(model, key)` from a JSON body, or why it cannot be routed."""
+    payload = parse_request(body)
+    if isinstance(payload, str):
+        return payload
+    key = key_source(payload, header) if key_source is not None else None
+    return payload["model"], key
+
+
+def parse_request(body: bytes) -> dict[str, Any] | str:
+    """The JSON object of a body, with a non-empty string `model`, or why it is not one."""
     try:
         payload = json.loads(body)
     except RecursionError:
@@ -77,8 +87,7 @@ def read_payload(
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         return MISSING_MODEL
-    key = key_source(payload, header) if key_source is not None else None
-    return model, key
+    return payload
 
 
 def key_source_name(key_source: _KeySource) -> str | None:

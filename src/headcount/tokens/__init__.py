@@ -12,11 +12,15 @@ model files, a documented built-in tokenizer and ChatML template stand in.
 from headcount.tokens.chat import ChatTokenizer
 from headcount.tokens.errors import ChatTemplateError, TokenizerError
 from headcount.tokens.loader import builtin_tokenizer, load_tokenizer
+from headcount.tokens.requests import PromptKind, RequestTokensError, prompt_ids
 
 __all__ = [
     "ChatTemplateError",
     "ChatTokenizer",
+    "PromptKind",
+    "RequestTokensError",
     "TokenizerError",
     "builtin_tokenizer",
     "load_tokenizer",
+    "prompt_ids",
 ]

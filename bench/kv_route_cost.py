@@ -1,0 +1,145 @@
+"""Measure the router's CPU for a kv-aware decision: tokenizing, block keys and index matching.
+
+The budget (issue 10): at most 300 µs per 1,000 prompt tokens, for 3,000-token
+prompts whose system prompt repeats. Each request here is a chat: one of a few
+tenants' system prompts (about 2,500 tokens, so after its first use it comes
+from the tokenizer's segment cache) and a fresh user message (about 500 tokens,
+never seen before, encoded in full). A decision is `tokens.prompt_ids` then
+`KvAware.select` over `--engines` candidates whose index (a dict per engine, as
+`kvindex` keeps) holds the tenant's prefix on one of them: keys computed once
+per block size, one lookup per block per engine until the first miss.
+
+Usage: `.venv/bin/python bench/kv_route_cost.py [--tokenizer DIR|builtin]
+[--requests N] [--repeats R] [--engines E]`. Prints the median over repeats of
+the mean µs per request, and per 1,000 prompt tokens, for each phase and in all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState
+from headcount.kvindex.keys import BlockKey, block_keys
+from headcount.kvroute import KvAware, KvRouting
+from headcount.routing import RequestFeatures
+from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
+
+MODEL = "sim-model"
+BLOCK_SIZE = 16
+
+
+class DictIndex:
+    """Held block keys per engine: what `match` costs in the real index, and no more."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, set[BlockKey]] = {}
+
+    def match(self, engine_id: str, keys: Sequence[BlockKey]) -> int | None:
+        held = self.held.get(engine_id, set())
+        count = 0
+        for key in keys:
+            if key not in held:
+                break
+            count += 1
+        return count
+
+    def block_size(self, engine_id: str) -> int | None:
+        return BLOCK_SIZE
+
+    def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
+        pass
+
+    def prefilled(self, engine_id: str, new_blocks: int) -> None:
+        pass
+
+
+def words(rng: random.Random, count: int) -> str:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join("".join(rng.choices(letters, k=rng.randint(2, 8))) for _ in range(count))
+
+
+def bodies(
+    rng: random.Random, tokenizer: ChatTokenizer, count: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """`count` chats over 4 tenants' system prompts, each about 3,000 tokens in all."""
+    systems = []
+    for _ in range(4):
+        text, size = "", 0
+        while size < 2500:
+            text += words(rng, 100) + "\n"
+            size = len(tokenizer.encode(text, add_special_tokens=False))
+        systems.append(text)
+    chats = []
+    for _ in range(count):
+        system = rng.choice(systems)
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": words(rng, 480)},
+        ]
+        chats.append({"model": MODEL, "messages": messages})
+    return chats, systems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--tokenizer", default="builtin", help="a tokenizer directory, or builtin")
+    parser.add_argument("--requests", type=int, default=200, help="requests per repeat")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--engines", type=int, default=4)
+    args = parser.parse_args()
+    tokenizer = (
+        builtin_tokenizer() if args.tokenizer == "builtin" else load_tokenizer(args.tokenizer)
+    )
+    rng = random.Random(10)
+    index = DictIndex()
+    engines = [
+        Engine(
+            EngineSpec(id=f"e{n}", name=f"e{n}", url=f"http://e{n}", source="static"),
+            EngineLoad(),
+            EngineState.READY,
+            ({"id": MODEL},),
+        )
+        for n in range(args.engines)
+    ]
+    policy = KvAware(KvRouting(index=index, tokenizer=tokenizer), epsilon=0.5)
+    chats, systems = bodies(rng, tokenizer, args.requests * (args.repeats + 1))
+    for number, system in enumerate(systems):  # each tenant's prefix held by one engine
+        ids = prompt_ids({"messages": [{"role": "system", "content": system}]}, "chat", tokenizer)
+        keys = block_keys(ids, BLOCK_SIZE, None)
+        index.held.setdefault(engines[number % len(engines)].id, set()).update(keys)
+    for body in chats[: args.requests]:  # warm the segment cache with the system prompts
+        prompt_ids(body, "chat", tokenizer)
+    tokenize_us: list[float] = []
+    route_us: list[float] = []
+    tokens: list[float] = []
+    for repeat in range(1, args.repeats + 1):
+        batch = chats[repeat * args.requests : (repeat + 1) * args.requests]
+        tokenize = route = 0.0
+        count = 0
+        for body in batch:
+            started = time.perf_counter()
+            ids = prompt_ids(body, "chat", tokenizer)
+            tokenized = time.perf_counter()
+            policy.select(engines, RequestFeatures(MODEL, None, policy.request(MODEL, ids)))
+            tokenize += tokenized - started
+            route += time.perf_counter() - tokenized
+            count += len(ids)
+        tokenize_us.append(tokenize / len(batch) * 1e6)
+        route_us.append(route / len(batch) * 1e6)
+        tokens.append(count / len(batch))
+    prompt = statistics.median(tokens)
+    total = [a + b for a, b in zip(tokenize_us, route_us, strict=True)]
+    print(f"tokenizer {tokenizer.name}, {args.engines} engines, block size {BLOCK_SIZE}")
+    print(f"prompt tokens per request (median): {prompt:.0f}")
+    for name, values in (("tokenize", tokenize_us), ("keys+match", route_us), ("total", total)):
+        median = statistics.median(values)
+        print(f"{name:>10}: {median:8.1f} us/request  {median / prompt * 1000:7.1f} us/1k tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The `kv-aware` routing policy: the engine with the lowest predicted time to first token.
+
+An engine's predicted time to first token, in prompt tokens to prefill before
+this request's first token, is
+
+    (prompt - tokens it holds cached)      what it must prefill of this request
+  + load.prefill_queued                    uncached prompt tokens we sent it, not yet answered
+  + waiting_tokens * load.waiting          scraped requests queued on it (every router's)
+  + prompt * fullness                      KV usage past `full_usage`: it would evict or wait
+
+The cached part comes from the engine's index (`KvIndexView.match` over the
+request's block keys); an engine whose index is not usable (stale, off) counts
+nothing cached and is routed on load alone. Affinity yields to load as in
+`routing.Affinity`: an engine at or over (1 + epsilon) x the mean in-flight is
+skipped unless all are, so a hot tenant cannot pile onto one engine. Ties go
+to the fewest in flight, then round-robin from a moving start.
+
+The decision (`choose`) is a pure function of the candidates and their
+predicted cached tokens; `KvAware.select` only asks the index for those.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from headcount.fleet import Engine, EngineLoad
+from headcount.kvroute.request import KvIndexView, KvRequest
+
+if TYPE_CHECKING:  # `routing` imports this module; a parse worker must not load tokenizers
+    from headcount.routing import KeySource, RequestFeatures
+    from headcount.tokens import ChatTokenizer
+
+__all__ = ["KvAware", "KvRouting", "choose", "ttft_cost"]
+
+
+@dataclass(frozen=True, slots=True)
+class KvRouting:
+    """What the `kv-aware` policy needs besides the snapshot."""
+
+    index: KvIndexView
+    tokenizer: ChatTokenizer | None
+    """The router's own tokenizer; None: an engine's `POST /tokenize` is asked."""
+    tokenize_timeout: float = 1.0
+    """An engine's `/tokenize` answering later is given up: the request is routed by load."""
+    tokenize_answer_max: int = 1 << 20
+    """Bytes of a `/tokenize` answer read at most; a larger one is given up."""
+    inline_tokenize_max: int = 32 * 1024
+    """Request bodies up to this many bytes are tokenized on the event loop (at most ~5 ms
+    of encoding even with nothing cached); larger ones are routed by load."""
+    waiting_tokens: float = 512.0
+    """What one scraped waiting request on an engine costs, in prompt tokens."""
+    full_usage: float = 0.9
+    """KV-cache usage past which an engine's cost grows, to a whole prompt more at 100%."""
+
+
+def ttft_cost(prompt: int, cached: int, load: EngineLoad, routing: KvRouting) -> float:
+    """An engine's predicted time to first token for a request, in prompt tokens."""
+    cost = prompt - cached + load.prefill_queued + routing.waiting_tokens * load.waiting
+    usage = load.kv_usage
+    if usage is not None and usage > routing.full_usage:
+        cost += prompt * min(1.0, (usage - routing.full_usage) / (1.0 - routing.full_usage))
+    return cost
+
+
+def choose(
+    candidates: Sequence[Engine],
+    cached: Sequence[int],
+    prompt: int,
+    routing: KvRouting,
+    *,
+    epsilon: float,
+    start: int,
+) -> Engine | None:
+    """The engine with the lowest `ttft_cost` among those under the load bound (all, if none
+    is); `cached[i]` is what `candidates[i]` holds of the prompt, `start` rotates ties."""
+    count = len(candidates)
+    if count == 0:
+        return None
+    total = sum(engine.load.in_flight for engine in candidates) + 1
+    bound = math.ceil((1 + epsilon) * total / count)
+    bounded = any(engine.load.in_flight < bound for engine in candidates)
+    best: Engine | None = None
+    best_key = (0.0, 0)
+    for offset in range(count):
+        index = (start + offset) % count
+        engine = candidates[index]
+        load = engine.load
+        if bounded and load.in_flight >= bound:
+            continue
+        key = (ttft_cost(prompt, cached[index], load, routing), load.in_flight)
+        if best is None or key < best_key:
+            best, best_key = engine, key
+    return best
+
+
+class KvAware:
+    """The `kv-aware` policy; requests carry their prompt in `RequestFeatures.kv`."""
+
+    name = "kv-aware"
+    key_source: KeySource | None = None
+
+    def __init__(self, routing: KvRouting, *, epsilon: float) -> None:
+        self.routing = routing
+        self._epsilon = epsilon
+        self._cursor = 0
+
+    def request(self, model: str, ids: Sequence[int] | None) -> KvRequest:
+        """The kv-aware side of a request for `model` with prompt `ids` (None: not known)."""
+        return KvRequest(self.routing.index, model, ids)
+
+    def select(self, candidates: Sequence[Engine], request: RequestFeatures) -> Engine | None:
+        kv = request.kv
+        prompt = 0 if kv is None else kv.prompt_tokens
+        cached = [0] * len(candidates) if kv is None else [kv.cached(e) for e in candidates]
+        self._cursor += 1
+        return choose(
+            candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
+        )
