@@ -162,6 +162,28 @@ def test_a_probe_that_only_changes_load_updates_it_in_place_without_a_rebuild() 
     assert (load.running, load.waiting, load.kv_usage) == (3, 4, 0.5)
 
 
+def test_a_probe_carries_the_prefix_cache_figures_and_a_later_silence_clears_them() -> None:
+    fleet = ready_fleet("a")
+    figures = ProbeResult(
+        ok=True,
+        cards=CARDS,
+        prefix_cache_queries=900.0,
+        prefix_cache_hits=300.0,
+        kv_capacity_blocks=1000,
+        kv_block_size=16,
+    )
+    fleet.apply_probe("uid-a", figures)
+    load = fleet.snapshot.by_id["uid-a"].load
+    assert (load.prefix_cache_queries, load.prefix_cache_hits) == (900.0, 300.0)
+    assert (load.kv_capacity_blocks, load.kv_block_size) == (1000, 16)
+    fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS))
+    assert (load.prefix_cache_queries, load.kv_capacity_blocks, load.kv_block_size) == (
+        None,
+        None,
+        None,
+    )
+
+
 def test_a_probe_that_changes_what_an_engine_serves_rebuilds_the_snapshot() -> None:
     fleet = ready_fleet("a")
     before = fleet.snapshot

@@ -129,6 +129,10 @@ class ProbeResult:
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    kv_capacity_blocks: int | None = None
+    kv_block_size: int | None = None
     error: str | None = None
     inconclusive: bool = False
     """The probe failed for the router's own reasons (a failed DNS lookup, no free fd): the
@@ -365,6 +369,10 @@ class Fleet:
                 result.waiting,
                 result.kv_usage,
             )
+            load.prefix_cache_queries = result.prefix_cache_queries
+            load.prefix_cache_hits = result.prefix_cache_hits
+            load.kv_capacity_blocks = result.kv_capacity_blocks
+            load.kv_block_size = result.kv_block_size
             ejection = engine.ejection
             if engine.probe_failures and ejection.active(now := self._now()):
                 ejection = replace(ejection, until=now)
