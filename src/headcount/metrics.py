@@ -273,6 +273,56 @@ class _DiscoveryCollector:
         yield from (last_sync, connected, relists, removed)
 
 
+_KV_PER_ENGINE: tuple[
+    tuple[
+        type[GaugeMetricFamily | CounterMetricFamily],
+        str,
+        str,
+        Callable[[IndexStatus], float | None],
+    ],
+    ...,
+] = (
+    (
+        GaugeMetricFamily,
+        "headcount_kv_index_blocks",
+        "KV blocks the engine's index holds.",
+        lambda view: view.blocks,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_events_applied",
+        "KV-event batches applied to the engine's index.",
+        lambda view: view.events_applied,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_event_gaps",
+        "Gaps in the engine's event sequence (each asks for a replay).",
+        lambda view: view.gaps,
+    ),
+    (
+        GaugeMetricFamily,
+        "headcount_kv_last_event_age_seconds",
+        "Seconds since the engine's last KV event (absent before the first).",
+        lambda view: view.last_event_age,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_predicted_cached_tokens",
+        "Prompt tokens the index predicted cached on the engine, over the requests sent.",
+        lambda view: view.predicted_hit_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_engine_reported_hit_tokens",
+        "Prefix-cache hit tokens the engine itself reported over the same span (absent while "
+        "unknown).",
+        lambda view: view.reported_hit_tokens,
+    ),
+)
+"""The series with only an `engine` label: family, name, help, and the view's value."""
+
+
 class _KvCollector:
     """The engines' cache indexes, from views taken on the event loop (frozen: safe to read
     in the render thread)."""
@@ -287,19 +337,6 @@ class _KvCollector:
             "0 for the others; routing uses only synced and rebuilding indexes.",
             labels=["engine", "state"],
         )
-        blocks = GaugeMetricFamily(
-            "headcount_kv_index_blocks", "KV blocks the engine's index holds.", labels=["engine"]
-        )
-        applied = CounterMetricFamily(
-            "headcount_kv_events_applied",
-            "KV-event batches applied to the engine's index.",
-            labels=["engine"],
-        )
-        gaps = CounterMetricFamily(
-            "headcount_kv_event_gaps",
-            "Gaps in the engine's event sequence (each asks for a replay).",
-            labels=["engine"],
-        )
         replays = CounterMetricFamily(
             "headcount_kv_replays",
             "Replays asked for a gap, by outcome: filled, or failed (then the index is cleared).",
@@ -310,34 +347,17 @@ class _KvCollector:
             "Times the engine's index was emptied, by reason.",
             labels=["engine", "reason"],
         )
-        age = GaugeMetricFamily(
-            "headcount_kv_last_event_age_seconds",
-            "Seconds since the engine's last KV event (absent before the first).",
-            labels=["engine"],
-        )
-        predicted = CounterMetricFamily(
-            "headcount_kv_predicted_cached_tokens",
-            "Prompt tokens the index predicted cached on the engine, over the requests sent.",
-            labels=["engine"],
-        )
-        reported = CounterMetricFamily(
-            "headcount_kv_engine_reported_hit_tokens",
-            "Prefix-cache hit tokens the engine itself reported over the same span.",
-            labels=["engine"],
-        )
         for name, view in self._rows:
             for trust in IndexTrust:
                 state.add_metric([name, trust.value], 1.0 if view.trust is trust else 0.0)
-            blocks.add_metric([name], view.blocks)
-            applied.add_metric([name], view.events_applied)
-            gaps.add_metric([name], view.gaps)
             replays.add_metric([name, "filled"], view.replays_filled)
             replays.add_metric([name, "failed"], view.replays_failed)
             for reason in ClearReason:
                 clears.add_metric([name, reason.value], view.clears.get(reason, 0))
-            if view.last_event_age is not None:
-                age.add_metric([name], view.last_event_age)
-            predicted.add_metric([name], view.predicted_hit_tokens)
-            if view.reported_hit_tokens is not None:
-                reported.add_metric([name], view.reported_hit_tokens)
-        yield from (state, blocks, applied, gaps, replays, clears, age, predicted, reported)
+        yield from (state, replays, clears)
+        for family_type, family_name, help_text, value_of in _KV_PER_ENGINE:
+            family = family_type(family_name, help_text, labels=["engine"])
+            for name, view in self._rows:
+                if (value := value_of(view)) is not None:
+                    family.add_metric([name], value)
+            yield family

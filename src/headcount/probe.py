@@ -238,17 +238,7 @@ class Prober:
         else:
             self._told.pop((engine.id, "/metrics"), None)
             figures = load_parser.close()
-        result = ProbeResult(
-            ok=True,
-            cards=cards,
-            running=figures.running,
-            waiting=figures.waiting,
-            kv_usage=figures.kv_usage,
-            prefix_cache_queries=figures.prefix_cache_queries,
-            prefix_cache_hits=figures.prefix_cache_hits,
-            kv_capacity_blocks=figures.kv_capacity_blocks,
-            kv_block_size=figures.kv_block_size,
-        )
+        result = ProbeResult(ok=True, cards=cards, load=figures)
         return result, None
 
     def _tell_once(
