@@ -272,8 +272,8 @@ async def build_kv_wiring(
 ) -> KvWiring:
     """The indexes and tokenizer of `--routing kv-aware`; the index modules (and pyzmq) are
     imported only then."""
-    from headcount.kvindex.registry import KvIndexes  # type: ignore[import-not-found]
-    from headcount.kvindex.subscriber import EventSubscriber  # type: ignore[import-not-found]
+    from headcount.kvindex.registry import KvIndexes  # type: ignore[import-not-found, unused-ignore]
+    from headcount.kvindex.subscriber import EventSubscriber  # type: ignore[import-not-found, unused-ignore]
 
     tokenizer = await load_router_tokenizer(settings.tokenizer)
     indexes: KvIndexRegistry = KvIndexes(
