@@ -20,6 +20,7 @@ from headcount.sim import cluster
 __all__ = [
     "EXPORTED_METRICS",
     "HISTOGRAMS",
+    "KV_METRIC_LABELS",
     "METRIC_LABELS",
     "EngineConnection",
     "KvEventRecorder",
@@ -221,6 +222,18 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_task_restarts_total": frozenset({"task"}),
 }
 EXPORTED_METRICS = frozenset(METRIC_LABELS)
+# With --routing kv-aware only: the engines' cache indexes.
+KV_METRIC_LABELS: dict[str, frozenset[str]] = {
+    "headcount_kv_index_state": frozenset({"engine", "state"}),
+    "headcount_kv_index_blocks": frozenset({"engine"}),
+    "headcount_kv_events_applied_total": frozenset({"engine"}),
+    "headcount_kv_event_gaps_total": frozenset({"engine"}),
+    "headcount_kv_replays_total": frozenset({"engine", "outcome"}),
+    "headcount_kv_index_clears_total": frozenset({"engine", "reason"}),
+    "headcount_kv_last_event_age_seconds": frozenset({"engine"}),
+    "headcount_kv_predicted_cached_tokens_total": frozenset({"engine"}),
+    "headcount_kv_engine_reported_hit_tokens_total": frozenset({"engine"}),
+}
 HISTOGRAMS = frozenset(
     {"headcount_request_duration_seconds", "headcount_time_to_first_byte_seconds"}
 )

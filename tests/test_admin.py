@@ -13,14 +13,19 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount.admin import AdminApp
 from headcount.config import HealthSettings, ProbeSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet, ProbeResult
+from headcount.kvindex.stream import ClearReason
+from headcount.kvindex.trust import IndexTrust
 from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.metrics import Metrics
+from tests.kv_view_double import FakeIndexView
+from tests.support import KV_METRIC_LABELS
 
 __all__: list[str] = []
 
@@ -62,8 +67,13 @@ def spec(name: str, **overrides: Any) -> EngineSpec:
 class Admin:
     """An `AdminApp` on a fake clock over one k8s source, and what it reads: fleet and flags."""
 
-    def __init__(self, *, ready_requires_fresh: bool = False) -> None:
+    def __init__(
+        self, *, ready_requires_fresh: bool = False, kv: dict[str, FakeIndexView] | None = None
+    ) -> None:
+        """`kv`: the engines' index views by engine id (kv-aware routing); None: not kv-aware."""
         self.clock = FakeClock()
+        self.kv = kv
+        kv_views = None if kv is None else lambda: dict(kv)
         self.fleet = Fleet(unhealthy_after=ProbeSettings().unhealthy_after)
         self.source = SourceStatus(name=SOURCE, kind="k8s-pods")
         self.dead: set[str] = set()
@@ -75,12 +85,13 @@ class Admin:
         )
         self.app = AdminApp(
             self.fleet,
-            Metrics(lambda: self.fleet.snapshot, [self.source]),
+            Metrics(lambda: self.fleet.snapshot, [self.source], kv_views=kv_views),
             [self.source],
             settings,
             dead_sources=lambda: self.dead,
             shutting_down=lambda: self.shutting_down,
             clock=self.clock,
+            kv_views=kv_views,
         )
 
     def synced(self) -> Admin:
@@ -106,6 +117,11 @@ class Admin:
         response = await self.get(path)
         assert response.content_type == "application/json"
         return response.status, json.loads(response.body)
+
+    async def get_text_metrics(self) -> tuple[int, str]:
+        response = await self.get("/metrics")
+        assert response.content_type == METRICS_CONTENT_TYPE
+        return response.status, response.body.decode()
 
     async def get_text(self, path: str, query: str = "") -> tuple[int, str]:
         response = await self.get(path, query)
@@ -350,3 +366,144 @@ async def test_an_unknown_path_is_not_found(admin: Admin) -> None:
     assert status == 404
     assert body["error"]["message"] == "no route for /v1/nothing"
     assert body["error"]["code"] == 404
+
+
+# ------------------------------------------------------------------ kv-aware: cache indexes
+
+KV_INDEX_KEYS = {"state", "reason", "blocks", "capacity", "last_event_age_s"}
+
+
+def kv_admin(views: dict[str, FakeIndexView], *names: str) -> Admin:
+    admin = Admin(kv=views).synced()
+    for name in names:
+        admin.engine(name, card("model-a"))
+    return admin
+
+
+async def test_engines_show_each_index_state_in_the_issue_words() -> None:
+    views = {
+        "uid-a": FakeIndexView(IndexTrust.SYNCED, "events flowing", 40, 1000, 16, 0.25),
+        "uid-b": FakeIndexView(IndexTrust.REBUILDING, "cleared: restart", 3, 1000),
+        "uid-c": FakeIndexView(IndexTrust.STALE, "no event for 12s", 900, 1000, 16, 12.0004),
+        "uid-d": FakeIndexView(IndexTrust.OFF, "cannot connect to :5557"),
+    }
+    admin = kv_admin(views, "a", "b", "c", "d", "e")
+    _, body = await admin.get_json("/engines")
+    shown = {engine["name"]: engine["kv_index"] for engine in body["engines"]}
+    assert all(index.keys() == KV_INDEX_KEYS for index in shown.values())
+    assert shown["llm/a"] == {
+        "state": "synced",
+        "reason": "events flowing",
+        "blocks": 40,
+        "capacity": 1000,
+        "last_event_age_s": 0.25,
+    }
+    assert [shown[f"llm/{n}"]["state"] for n in "abcde"] == [
+        "synced",
+        "rebuilding",
+        "stale",
+        "off",
+        "off",
+    ]
+    assert shown["llm/c"]["last_event_age_s"] == 12.0
+    assert shown["llm/e"]["reason"] == "no index"
+
+
+async def test_without_kv_aware_routing_nothing_about_indexes_appears(admin: Admin) -> None:
+    _, engines = await admin.get_json("/engines")
+    assert all("kv_index" not in engine for engine in engines["engines"])
+    _, health = await admin.get_json("/health")
+    assert "kv_index" not in health
+    _, text = await admin.get_text_metrics()
+    assert "headcount_kv_" not in text
+
+
+async def test_health_is_degraded_never_unavailable_while_an_index_is_stale() -> None:
+    views = {
+        "uid-a": FakeIndexView(IndexTrust.SYNCED),
+        "uid-b": FakeIndexView(IndexTrust.STALE, "no event for 12s"),
+    }
+    admin = kv_admin(views, "a", "b")
+    status, body = await admin.get_json("/health")
+    assert (status, body["status"]) == (200, "degraded")
+    reason = "kv index not usable, routing by load on 1 engine(s): llm/b stale (no event for 12s)"
+    assert body["kv_index"] == {"ok": False, "reason": reason}
+    assert reason in body["reasons"]
+    ready, _ = await admin.get_text("/readyz")
+    live, _ = await admin.get_text("/livez")
+    assert (ready, live) == (200, 200)
+
+
+async def test_health_is_ok_when_every_routable_index_is_synced_or_rebuilding() -> None:
+    views = {
+        "uid-a": FakeIndexView(IndexTrust.SYNCED),
+        "uid-b": FakeIndexView(IndexTrust.REBUILDING, "cleared: gap"),
+        "uid-down": FakeIndexView(IndexTrust.OFF, "cannot connect"),
+    }
+    admin = kv_admin(views, "a", "b")
+    admin.engine("down", card("model-a"), ok=False)
+    _, body = await admin.get_json("/health")
+    assert body["status"] == "ok"
+    assert body["kv_index"] == {"ok": True, "reason": ""}
+
+
+async def test_the_health_reason_stays_short_for_a_big_fleet() -> None:
+    names = [f"e{n:03}" for n in range(300)]
+    views = {f"uid-{n}": FakeIndexView(IndexTrust.OFF, "x" * 500) for n in names}
+    admin = kv_admin(views, *names)
+    _, body = await admin.get_json("/health")
+    reason = body["kv_index"]["reason"]
+    assert "on 300 engine(s)" in reason and reason.endswith("and 295 more")
+    assert len(reason) < 1000
+
+
+async def test_kv_metrics_follow_the_views_and_vanish_with_the_engine() -> None:
+    views = {
+        "uid-a": FakeIndexView(
+            IndexTrust.STALE,
+            blocks=40,
+            last_event_age=3.5,
+            events_applied=120,
+            gaps=2,
+            replays_filled=1,
+            replays_failed=1,
+            clears={ClearReason.GAP: 1},
+            predicted_hit_tokens=640,
+            reported_hit_tokens=512.0,
+        ),
+        "uid-b": FakeIndexView(IndexTrust.OFF),
+    }
+    admin = kv_admin(views, "a", "b")
+    _, text = await admin.get_text_metrics()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("headcount_kv_")
+    }
+    names = {name for name, _ in samples}
+    assert names == set(KV_METRIC_LABELS)
+    for name, labels in samples:
+        assert {k for k, _ in labels} == KV_METRIC_LABELS[name], name
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted({"engine": "llm/a", **labels}.items())))]
+
+    assert [value("headcount_kv_index_state", state=t.value) for t in IndexTrust] == [0, 0, 1, 0]
+    assert value("headcount_kv_index_blocks") == 40
+    assert value("headcount_kv_events_applied_total") == 120
+    assert value("headcount_kv_event_gaps_total") == 2
+    assert value("headcount_kv_replays_total", outcome="filled") == 1
+    assert value("headcount_kv_replays_total", outcome="failed") == 1
+    assert value("headcount_kv_index_clears_total", reason="gap") == 1
+    assert value("headcount_kv_index_clears_total", reason="restart") == 0
+    assert value("headcount_kv_last_event_age_seconds") == 3.5
+    assert value("headcount_kv_predicted_cached_tokens_total") == 640
+    assert value("headcount_kv_engine_reported_hit_tokens_total") == 512
+    b_series = {name for name, labels in samples if ("engine", "llm/b") in labels}
+    assert "headcount_kv_last_event_age_seconds" not in b_series  # no event yet
+    assert "headcount_kv_engine_reported_hit_tokens_total" not in b_series
+
+    admin.fleet.remove("uid-a")
+    _, text = await admin.get_text_metrics()
+    assert 'engine="llm/a"' not in text and 'engine="llm/b"' in text

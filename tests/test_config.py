@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from headcount.config import (
+    BUILTIN_TOKENIZER,
     ConfigError,
     DiscoveryMode,
     DiscoverySettings,
     HealthSettings,
+    KvEventsSettings,
     ProbeSettings,
     ProxySettings,
     Settings,
@@ -175,3 +177,86 @@ def test_probe_answer_limits_come_from_the_flags_and_are_checked() -> None:
         ProbeSettings(max_bytes=100)
     with pytest.raises(ConfigError, match="--probe-max-models must be at least 1"):
         ProbeSettings(max_models=0)
+
+
+def test_kv_event_flags_fill_the_kv_settings(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")
+    settings = parse(
+        "--backends",
+        "http://127.0.0.1:1",
+        "--routing",
+        "kv-aware",
+        "--kv-events-port",
+        "6557",
+        "--kv-events-replay-port",
+        "6558",
+        "--kv-events-topic",
+        "kv",
+        "--kv-events-idle-timeout",
+        "30s",
+        "--kv-events-replay-timeout",
+        "500ms",
+        "--tokenizer",
+        str(tmp_path),
+        "--tokenize-timeout",
+        "250ms",
+    )
+    assert settings.proxy.routing is RoutingName.KV_AWARE
+    assert settings.kv_events == KvEventsSettings(
+        port=6557,
+        replay_port=6558,
+        topic="kv",
+        idle_timeout=30.0,
+        replay_timeout=0.5,
+        tokenizer=str(tmp_path),
+        tokenize_timeout=0.25,
+    )
+
+
+def test_kv_event_flags_default_to_vllms_ports_and_the_engines_tokenize() -> None:
+    settings = parse("--backends", "http://127.0.0.1:1")
+    assert settings.kv_events == KvEventsSettings()
+    assert (settings.kv_events.port, settings.kv_events.replay_port) == (5557, 5558)
+    assert settings.kv_events.tokenizer is None
+    assert parse("--backends", "http://a:1", "--tokenizer", "builtin").kv_events.tokenizer == (
+        BUILTIN_TOKENIZER
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: KvEventsSettings(port=0), "--kv-events-port 0: use 1-65535"),
+        (lambda: KvEventsSettings(replay_port=70000), "--kv-events-replay-port 70000"),
+        (lambda: KvEventsSettings(idle_timeout=0), "--kv-events-idle-timeout must be positive"),
+        (lambda: KvEventsSettings(replay_timeout=-1), "--kv-events-replay-timeout must be"),
+        (lambda: KvEventsSettings(tokenize_timeout=0), "--tokenize-timeout must be positive"),
+        (lambda: KvEventsSettings(tokenizer="/nonexistent"), r"--tokenizer /nonexistent: no"),
+    ],
+)
+def test_kv_event_settings_are_checked(build: Callable[[], object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        build()
+
+
+def test_a_tokenizer_directory_needs_its_tokenizer_json(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no tokenizer\.json"):
+        KvEventsSettings(tokenizer=str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert KvEventsSettings(tokenizer=str(tmp_path)).tokenizer == str(tmp_path)
+
+
+def test_kv_flags_say_their_default_and_unit() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    text = parser.format_help()
+    assert "kv-aware routing:" in text
+    for flag, default in (
+        ("--kv-events-port", "5557"),
+        ("--kv-events-replay-port", "5558"),
+        ("--kv-events-idle-timeout", "10s"),
+        ("--kv-events-replay-timeout", "2s"),
+        ("--tokenize-timeout", "1s"),
+    ):
+        help_text = " ".join(text.split(flag, 2)[-1].split("--")[0].split())
+        assert f"default {default}" in help_text, flag

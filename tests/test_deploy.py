@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from headcount.serve_flags import add_serve_arguments, settings_from_args
-from tests.support import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS
+from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS
 
 __all__: list[str] = []
 
@@ -364,14 +364,15 @@ def _unknown_metrics(exprs: list[str]) -> set[str]:
         name
         for expr in exprs
         for name in _METRIC.findall(expr)
-        if _family(name) not in EXPORTED_METRICS
+        if _family(name) not in EXPORTED_METRICS | KV_METRIC_LABELS.keys()
     }
 
 
 def _unknown_labels(expr: str) -> set[str]:
     """Labels an expression selects or groups by that none of its metrics carry."""
     families = {_family(name) for name in _METRIC.findall(expr)}
-    known = set(_TARGET_LABELS).union(*(METRIC_LABELS.get(family, ()) for family in families))
+    labels = METRIC_LABELS | KV_METRIC_LABELS
+    known = set(_TARGET_LABELS).union(*(labels.get(family, ()) for family in families))
     if any(name.endswith("_bucket") for name in _METRIC.findall(expr)):
         known.add("le")
     used = {

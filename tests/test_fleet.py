@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from headcount.config import ProbeSettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, FleetChange, ProbeResult
+from headcount.vllm_load import VllmLoad
 
 PROBE = ProbeSettings()
 CARDS = ({"id": "m", "object": "model"}, {"id": "m-lora", "object": "model", "parent": "m"})
@@ -110,7 +111,7 @@ def test_removed_engine_takes_its_load_counters_with_it() -> None:
 def test_load_counters_survive_probes_and_spec_updates() -> None:
     fleet = ready_fleet("a")
     load = fleet.snapshot.by_id["uid-a"].load
-    fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS, running=2))
+    fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS, load=VllmLoad(running=2)))
     fleet.upsert(spec("a", resource_version="7"))
     assert fleet.snapshot.by_id["uid-a"].load is load
 
@@ -154,12 +155,34 @@ def test_a_probe_that_only_changes_load_updates_it_in_place_without_a_rebuild() 
     fleet = ready_fleet("a")
     before = fleet.snapshot
     fleet.apply_probe(
-        "uid-a", ProbeResult(ok=True, cards=CARDS, running=3, waiting=4, kv_usage=0.5)
+        "uid-a",
+        ProbeResult(ok=True, cards=CARDS, load=VllmLoad(running=3, waiting=4, kv_usage=0.5)),
     )
     after = fleet.snapshot
     assert after is before, "scraped load must not cost a snapshot rebuild"
     load = after.by_id["uid-a"].load
     assert (load.running, load.waiting, load.kv_usage) == (3, 4, 0.5)
+
+
+def test_a_probe_carries_the_prefix_cache_figures_and_a_later_silence_clears_them() -> None:
+    fleet = ready_fleet("a")
+    scraped = VllmLoad(
+        prefix_cache_queries=900.0,
+        prefix_cache_hits=300.0,
+        kv_capacity_blocks=1000,
+        kv_block_size=16,
+    )
+    figures = ProbeResult(ok=True, cards=CARDS, load=scraped)
+    fleet.apply_probe("uid-a", figures)
+    load = fleet.snapshot.by_id["uid-a"].load
+    assert (load.prefix_cache_queries, load.prefix_cache_hits) == (900.0, 300.0)
+    assert (load.kv_capacity_blocks, load.kv_block_size) == (1000, 16)
+    fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS))
+    assert (load.prefix_cache_queries, load.kv_capacity_blocks, load.kv_block_size) == (
+        None,
+        None,
+        None,
+    )
 
 
 def test_a_probe_that_changes_what_an_engine_serves_rebuilds_the_snapshot() -> None:

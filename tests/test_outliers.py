@@ -22,6 +22,7 @@ from headcount.config import HealthSettings, OutlierSettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, FleetChange, ProbeResult
 from headcount.metrics import Metrics
 from headcount.outliers import GATEWAY_ERROR, HTTP_5XX, NOT_EJECTED, next_ejection, panicking
+from headcount.vllm_load import VllmLoad
 
 __all__: list[str] = []
 
@@ -175,7 +176,7 @@ def test_past_the_panic_threshold_a_model_is_routed_to_all_its_engines(
     assert candidates(fleet) == ["a", "b"], "2 of 2 ejected is over 50%: route to all"
     assert fleet.snapshot.panicking == {"m"} and fleet.snapshot.ejected == {"a", "b"}
     fail(fleet, "a", 2)
-    fleet.apply_probe("b", ProbeResult(ok=True, cards=CARDS, running=3))
+    fleet.apply_probe("b", ProbeResult(ok=True, cards=CARDS, load=VllmLoad(running=3)))
     assert candidates(fleet) == ["a", "b"]
     clock.now += 30
     assert candidates(fleet) == ["a", "b"] and fleet.snapshot.panicking == frozenset()

@@ -101,6 +101,29 @@ def test_the_lora_modified_annotation_is_the_adapter_revision() -> None:
     assert engine is not None and engine.lora_revision == "2024-05-01T10:00:00Z"
 
 
+def test_the_kv_event_annotations_say_where_the_engine_publishes() -> None:
+    engine = spec(pod(annotations={"kv-events-port": "6557", "kv-events-replay-port": " 6558"}))
+    assert engine is not None
+    assert (engine.kv_events_port, engine.kv_events_replay_port) == (6557, 6558)
+    plain = spec(pod())
+    assert plain is not None
+    assert (plain.kv_events_port, plain.kv_events_replay_port) == (None, None)
+
+
+@pytest.mark.parametrize("value", ["http", "0", "65536", "-1", "5557x", ""])
+def test_a_malformed_kv_event_annotation_is_ignored_with_one_warning(
+    value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    annotated = pod(annotations={"kv-events-port": value, "kv-events-replay-port": "7000"})
+    for _ in range(3):
+        engine = spec(annotated)
+        assert engine is not None and engine.ready
+        assert (engine.kv_events_port, engine.kv_events_replay_port) == (None, 7000)
+    warnings = [r for r in caplog.records if "kv-events-port" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "pod/llm/engine-0" in warnings[0].getMessage()
+
+
 def test_a_pod_without_labels_has_no_model_label() -> None:
     bare = pod()
     del bare["metadata"]["labels"]

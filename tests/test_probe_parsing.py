@@ -9,6 +9,7 @@ exception.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -26,7 +27,7 @@ from headcount.model_list import (
     ModelListError,
     ModelListParser,
 )
-from headcount.vllm_load import MAX_LINE, LoadParser, parse_vllm_load
+from headcount.vllm_load import MAX_LINE, LoadParser, VllmLoad, parse_vllm_load
 
 # ------------------------------------------------------------------ helpers
 
@@ -52,11 +53,15 @@ def read_cards(
         return f"error: {exc}"
 
 
-def read_load(text: bytes, cuts: Iterable[int] = ()) -> tuple[float, float, float | None]:
+def read_load(text: bytes, cuts: Iterable[int] = ()) -> VllmLoad:
     parser = LoadParser()
     for piece in pieces(text, cuts):
         parser.feed(piece)
     return parser.close()
+
+
+def gauges(load: VllmLoad) -> tuple[float, float, float | None]:
+    return load.running, load.waiting, load.kv_usage
 
 
 _UNCONVERTIBLE = object()
@@ -338,16 +343,16 @@ vllm:request_success_total{finished_reason="stop",model_name="m"} 12.0
 
 
 def test_load_sums_label_sets_and_prefers_the_newer_kv_metric() -> None:
-    assert parse_vllm_load(VLLM_METRICS) == (4.0, 7.0, 0.25)
+    assert gauges(parse_vllm_load(VLLM_METRICS)) == (4.0, 7.0, 0.25)
 
 
 def test_load_falls_back_to_the_older_gpu_cache_metric() -> None:
     text = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\nvllm:num_requests_waiting 2\n'
-    assert parse_vllm_load(text) == (0.0, 2.0, 0.5)
+    assert gauges(parse_vllm_load(text)) == (0.0, 2.0, 0.5)
 
 
 def test_load_of_an_engine_without_vllm_metrics_is_unknown_zero() -> None:
-    assert parse_vllm_load("process_cpu_seconds_total 1\n") == (0.0, 0.0, None)
+    assert parse_vllm_load("process_cpu_seconds_total 1\n") == VllmLoad()
 
 
 def test_load_skips_garbage_lines() -> None:
@@ -364,7 +369,7 @@ def test_load_skips_garbage_lines() -> None:
         "vllm:num_requests_running\t2 1700000000000\r\n"
         'vllm:num_requests_running{a="} 7",b="\\"}"} 3'
     )
-    assert parse_vllm_load(text) == (5.0, 1.0, None)
+    assert parse_vllm_load(text) == VllmLoad(running=5.0, waiting=1.0)
 
 
 def test_a_line_over_the_limit_is_skipped_wherever_it_is_cut() -> None:
@@ -372,7 +377,72 @@ def test_a_line_over_the_limit_is_skipped_wherever_it_is_cut() -> None:
     text = b"vllm:num_requests_running 1\n" + long_line + b"vllm:num_requests_waiting 2\n"
     for step in (0, 1000, 8192, MAX_LINE):
         cuts = range(0, len(text), step) if step else ()
-        assert read_load(text, cuts) == (1.0, 2.0, None), step
+        assert read_load(text, cuts) == VllmLoad(running=1.0, waiting=2.0), step
+
+
+VLLM_CACHE_METRICS = b"""\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4096.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 1024.0
+# HELP vllm:prefix_cache_queries_created Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 2048.0
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 99.0
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 98.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",\
+engine="0",gpu_memory_utilization="0.9",hash_block_size="None",mamba_block_size="None",\
+num_cpu_blocks="None",num_gpu_blocks="27349",num_gpu_blocks_override="None",\
+prefix_caching_hash_algo="sha256",user_specified_block_size="32"} 1.0
+"""
+
+
+def test_prefix_cache_counters_are_summed_and_the_newer_names_win() -> None:
+    load = parse_vllm_load(VLLM_CACHE_METRICS)
+    assert (load.prefix_cache_queries, load.prefix_cache_hits) == (5120.0, 2048.0)
+
+
+def test_the_older_gpu_prefix_cache_counters_are_read_when_alone() -> None:
+    text = (
+        'vllm:gpu_prefix_cache_queries_total{model_name="m"} 300.0\n'
+        'vllm:gpu_prefix_cache_hits_total{model_name="m"} 100.0\n'
+    )
+    load = parse_vllm_load(text)
+    assert (load.prefix_cache_queries, load.prefix_cache_hits) == (300.0, 100.0)
+
+
+def test_cache_size_comes_from_the_cache_config_labels_and_no_other() -> None:
+    load = parse_vllm_load(VLLM_CACHE_METRICS)
+    assert (load.kv_capacity_blocks, load.kv_block_size) == (27349, 16)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        '{block_size="None",num_gpu_blocks="None"}',
+        '{block_size="0",num_gpu_blocks="-5"}',
+        '{note="x,block_size=\\"8\\",num_gpu_blocks=\\"9\\""}',
+        "",
+    ],
+)
+def test_cache_config_values_that_are_not_counts_leave_the_size_unknown(labels: str) -> None:
+    load = parse_vllm_load(f"vllm:cache_config_info{labels} 1.0\n")
+    assert (load.kv_capacity_blocks, load.kv_block_size) == (None, None)
+
+
+def test_an_engine_without_a_prefix_cache_says_nothing_of_it() -> None:
+    load = parse_vllm_load(VLLM_METRICS)
+    assert (load.prefix_cache_queries, load.prefix_cache_hits) == (None, None)
+    assert (load.kv_capacity_blocks, load.kv_block_size) == (None, None)
+
+
+def test_cache_figures_are_the_same_wherever_the_answer_is_cut() -> None:
+    whole = read_load(VLLM_CACHE_METRICS)
+    for step in (1, 7, 100, 4096):
+        assert read_load(VLLM_CACHE_METRICS, range(0, len(VLLM_CACHE_METRICS), step)) == whole
 
 
 _metric_lines = st.one_of(
@@ -384,12 +454,26 @@ _metric_lines = st.one_of(
                 "vllm:num_requests_waiting",
                 "vllm:kv_cache_usage_perc",
                 "vllm:gpu_cache_usage_perc",
+                "vllm:prefix_cache_hits_total",
+                "vllm:gpu_prefix_cache_queries_total",
+                "vllm:cache_config_info",
                 "vllm:num_requests_running_x",
                 "# TYPE vllm:num_requests_running",
                 "vllm:other",
             ]
         ),
-        st.sampled_from(["", "{}", '{m="a"}', '{m="}",n="\\""}', "{bad", '{m="a\\\\"}']),
+        st.sampled_from(
+            [
+                "",
+                "{}",
+                '{m="a"}',
+                '{m="}",n="\\""}',
+                "{bad",
+                '{m="a\\\\"}',
+                '{block_size="16",num_gpu_blocks="99"}',
+                '{x="num_gpu_blocks=\\"7\\"",num_gpu_blocks="None"}',
+            ]
+        ),
         st.floats(allow_nan=True, allow_infinity=True).map(repr) | st.text(max_size=4),
         st.sampled_from(["", " 1700000000", "\r", " junk"]),
     ),
@@ -403,4 +487,4 @@ def test_load_is_the_same_whatever_the_pieces(lines: Sequence[str], cuts: list[i
     text = "\n".join(lines).encode("utf-8", "surrogatepass")
     whole = read_load(text)
     assert read_load(text, cuts) == whole
-    assert all(v is None or math.isfinite(v) for v in whole)
+    assert all(v is None or math.isfinite(v) for v in dataclasses.astuple(whole))

@@ -156,6 +156,31 @@ async def test_scraped_load_reaches_the_fleet() -> None:
                 request.cancel()
 
 
+async def test_the_engines_prefix_cache_figures_reach_the_fleet() -> None:
+    config = EngineSimConfig(kv_blocks=123, block_size=8)
+    body = {"model": "sim-model", "prompt": "the same long prompt " * 8, "max_tokens": 1}
+    async with running_engine(config) as engine, aiohttp.ClientSession() as session:
+        for _ in range(2):
+            async with session.post(engine.url + "/v1/completions", json=body) as answer:
+                assert answer.status == 200
+        async with session.get(engine.url + "/sim/kv-cache") as answer:
+            truth = await answer.json()
+        fleet = Fleet(unhealthy_after=FAST.unhealthy_after)
+        task = await probing(fleet)
+        try:
+            fleet.reconcile("static", static_specs([engine.url]))
+            await wait_until(lambda: state(fleet, engine.url) is EngineState.READY)
+            load = fleet.snapshot.by_id[engine.url].load
+            assert (load.kv_capacity_blocks, load.kv_block_size) == (123, 8)
+            assert (load.prefix_cache_queries, load.prefix_cache_hits) == (
+                truth["queries"],
+                truth["hits"],
+            )
+            assert 0 < truth["hits"] < truth["queries"]
+        finally:
+            task.cancel()
+
+
 class RecordingFleet(Fleet):
     """A fleet that notes each probe result: in what order, and when on `clock`."""
 

@@ -128,6 +128,20 @@ def test_service_metadata_carries_sleeping_and_lora_revision() -> None:
     assert engine is not None and engine.sleeping and engine.lora_revision == "r2"
 
 
+def test_service_annotations_say_where_the_engine_publishes_kv_events(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    svc = service(annotations={"kv-events-port": "6557", "kv-events-replay-port": "6558"})
+    engine = spec(svc, [endpoint_slice(True)])
+    assert engine is not None
+    assert (engine.kv_events_port, engine.kv_events_replay_port) == (6557, 6558)
+    svc = service(annotations={"kv-events-port": "6557", "kv-events-replay-port": "replay"})
+    engine = spec(svc, [endpoint_slice(True)])
+    assert engine is not None and engine.ready
+    assert (engine.kv_events_port, engine.kv_events_replay_port) == (6557, None)
+    assert any("kv-events-replay-port='replay'" in r.getMessage() for r in caplog.records)
+
+
 def test_a_malformed_service_raises_so_the_caller_can_isolate_it() -> None:
     svc = service(ports=[{"name": "http", "port": "eighty"}])
     with pytest.raises(ValueError):

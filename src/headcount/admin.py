@@ -3,7 +3,9 @@
 None of them is on the hot path. Each answer is computed from one fleet
 snapshot and the sources' freshness, at the time of the request: `/v1/models`
 lists only what routable engines serve, and health is never green from the
-router's own state alone.
+router's own state alone. With `--routing kv-aware`, `/engines` shows each
+engine's cache index (`kv_index`: state, reason, blocks, capacity, last event
+age) and `/health` judges them; otherwise neither says anything about it.
 
 With `--admin-port` the OpenAI API's `/v1/models` stays on the data port
 (`handle_api`) and the rest moves to the admin port (`handle_admin`); each port
@@ -13,7 +15,7 @@ answers 404 for the other's paths.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from headcount._http.local import LocalRequest, LocalResponse
@@ -21,6 +23,8 @@ from headcount.config import HealthSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.health import Check, HealthReport, evaluate, render_checks
+from headcount.kv_views import IndexStatus, KvViews
+from headcount.kvindex.trust import IndexTrust
 from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.metrics import Metrics
 
@@ -57,8 +61,11 @@ class AdminApp:
         shutting_down: Callable[[], bool],
         local_problems: Callable[[], Sequence[str]] = tuple,
         clock: Callable[[], float] = time.monotonic,
+        kv_views: KvViews | None = None,
     ) -> None:
+        """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None."""
         self._fleet = fleet
+        self._kv_views = kv_views
         self._metrics = metrics
         self._sources = sources
         self._settings = settings
@@ -80,6 +87,7 @@ class AdminApp:
             dead_sources=self._dead_sources(),
             shutting_down=self._shutting_down(),
             local_problems=self._local_problems(),
+            kv_indexes=None if self._kv_views is None else self._kv_views(),
         )
 
     async def handle(self, request: LocalRequest) -> LocalResponse:
@@ -100,6 +108,10 @@ class AdminApp:
         if path == "/engines":
             snapshot, now = self._fleet.snapshot, self._fleet.now()
             engines = [_engine_json(engine, snapshot, now) for engine in snapshot.engines]
+            if self._kv_views is not None:
+                views = self._kv_views()
+                for engine, answer in zip(snapshot.engines, engines, strict=True):
+                    answer["kv_index"] = _kv_index_json(views.get(engine.id))
             return LocalResponse.json(200, {"engines": engines})
         if path == "/metrics":
             return LocalResponse(200, await self._metrics.render(), METRICS_CONTENT_TYPE)
@@ -177,4 +189,23 @@ def _engine_json(engine: Engine, snapshot: Snapshot, now: float) -> dict[str, An
             "last_ejection_reason": ejection.reason,
             "consecutive_errors": engine.load.consecutive_errors,
         },
+    }
+
+
+def _kv_index_json(view: IndexStatus | None) -> Mapping[str, Any]:
+    if view is None:
+        return {
+            "state": IndexTrust.OFF.value,
+            "reason": "no index",
+            "blocks": 0,
+            "capacity": None,
+            "last_event_age_s": None,
+        }
+    age = view.last_event_age
+    return {
+        "state": view.trust.value,
+        "reason": view.reason,
+        "blocks": view.blocks,
+        "capacity": view.capacity,
+        "last_event_age_s": None if age is None else round(age, 3),
     }

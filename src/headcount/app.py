@@ -8,6 +8,12 @@ once, new requests are still served for `drain_delay`, then the listener
 closes and in-flight requests get up to `drain_timeout` to finish; a second
 signal ends the drain at once. The admin listener (`--admin-port`), if any,
 stays open until the end. SIGHUP reloads the key files.
+
+With `--routing kv-aware` (only then), `build_kv_wiring` loads the tokenizer
+and builds the engines' KV-event indexes (`KvIndexes`, one subscriber per
+engine, following the fleet); the router starts them with discovery, hands them
+to the policy and to `/engines`, `/health` and `/metrics`, and closes them at
+the end.
 """
 
 from __future__ import annotations
@@ -15,40 +21,87 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver
 from headcount._http.resources import raise_open_file_limit
 from headcount.admin import AdminApp
 from headcount.auth import Authentication
-from headcount.config import ConfigError, DiscoveryMode, Settings
+from headcount.config import (
+    BUILTIN_TOKENIZER,
+    ConfigError,
+    DiscoveryMode,
+    KvEventsSettings,
+    Settings,
+)
 from headcount.discovery.source import DiscoverySource
 from headcount.discovery.static import StaticSource
 from headcount.fleet import Fleet
 from headcount.grpc_health import GrpcHealthServer
+from headcount.kv_views import IndexStatus
 from headcount.metrics import Metrics
 from headcount.probe import Prober
 from headcount.proxy import Proxy, start_local_server, start_server
-from headcount.routing import make_policy
+from headcount.routing import Policy, RoutingName, make_policy
 from headcount.supervise import Supervisor
+from headcount.tokens import ChatTokenizer, TokenizerError, builtin_tokenizer, load_tokenizer
 
-__all__ = ["Router", "build_sources", "serve"]
+__all__ = [
+    "KvIndexRegistry",
+    "KvWiring",
+    "Router",
+    "build_kv_wiring",
+    "build_sources",
+    "load_router_tokenizer",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
+
+
+class KvIndexRegistry(Protocol):
+    """What the router does with the engines' indexes (`headcount.kvindex.registry.KvIndexes`)."""
+
+    def views(self) -> Mapping[str, IndexStatus]: ...
+    def start(self) -> None:
+        """Follow the fleet: a subscriber and an index per engine, from now on."""
+
+    async def close(self) -> None:
+        """Stop every subscriber and forget every index."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvWiring:
+    """What `--routing kv-aware` adds to a router: the indexes, and how to tokenize."""
+
+    indexes: KvIndexRegistry
+    tokenizer: ChatTokenizer | None
+    """The router's own tokenizer; None: each engine's `POST /tokenize`."""
+    tokenize_timeout: float
 
 
 class Router:
     """One router process: its fleet, its discovery sources, its servers."""
 
     def __init__(
-        self, settings: Settings, fleet: Fleet, sources: Sequence[DiscoverySource]
+        self,
+        settings: Settings,
+        fleet: Fleet,
+        sources: Sequence[DiscoverySource],
+        kv: KvWiring | None = None,
     ) -> None:
+        """`kv`: the indexes and tokenizer of `--routing kv-aware` (`build_kv_wiring`)."""
         self.settings = settings
         self.fleet = fleet
         self.sources = list(sources)
+        self.kv = kv
+        kv_views = None if kv is None else kv.indexes.views
         statuses = [source.status for source in self.sources]
-        self.metrics = Metrics(lambda: fleet.snapshot, statuses)
+        self.metrics = Metrics(lambda: fleet.snapshot, statuses, kv_views=kv_views)
         self.auth = Authentication(settings.auth)
         credentials = self.auth.credentials
         resolver = Resolver(settings.dns.timeout)  # one lookup policy for probes and proxy
@@ -69,10 +122,11 @@ class Router:
             dead_sources=self._dead_sources,
             shutting_down=lambda: self.shutting_down,
             local_problems=lambda: self.proxy.resources.problems(),
+            kv_views=kv_views,
         )
         self.proxy = Proxy(
             self.fleet,
-            make_policy(settings.proxy.routing, affinity_epsilon=settings.proxy.affinity_epsilon),
+            _policy(settings, kv),
             settings.proxy,
             self.metrics,
             self.admin.handle if settings.server.admin_port is None else self.admin.handle_api,
@@ -127,6 +181,8 @@ class Router:
             self.settings.proxy.routing.value,
         )
         try:
+            if self.kv is not None:
+                self.kv.indexes.start()
             if grpc_health is not None:
                 try:
                     port = await grpc_health.start()
@@ -147,6 +203,8 @@ class Router:
                 *self._source_tasks.values(), prober, key_files, return_exceptions=True
             )
             await self.proxy.close()
+            if self.kv is not None:
+                await self.kv.indexes.close()
 
     async def _drain_unless_hurried(self, server: ClientListener, hurry: asyncio.Event) -> None:
         drain = asyncio.ensure_future(self._drain(server))
@@ -189,6 +247,54 @@ class Router:
         )
 
 
+def _policy(settings: Settings, kv: KvWiring | None) -> Policy:
+    proxy = settings.proxy
+    if kv is None:
+        return make_policy(proxy.routing, affinity_epsilon=proxy.affinity_epsilon)
+    return make_policy(proxy.routing, affinity_epsilon=proxy.affinity_epsilon, kv=kv)  # type: ignore[call-arg]
+
+
+async def load_router_tokenizer(setting: str | None) -> ChatTokenizer | None:
+    """`--tokenizer`: None (ask the engines), the built-in one, or a directory's, read off the
+    event loop; a directory that cannot be loaded is a `ConfigError` in one line."""
+    if setting is None:
+        return None
+    if setting == BUILTIN_TOKENIZER:
+        return builtin_tokenizer()
+    try:
+        return await asyncio.to_thread(load_tokenizer, setting)
+    except TokenizerError as exc:
+        raise ConfigError(f"--tokenizer {setting}: {exc}") from None
+
+
+async def build_kv_wiring(
+    settings: KvEventsSettings, fleet: Fleet, *, clock: Callable[[], float] = time.monotonic
+) -> KvWiring:
+    """The indexes and tokenizer of `--routing kv-aware`; the index modules (and pyzmq) are
+    imported only then."""
+    from headcount.kvindex.registry import KvIndexes  # type: ignore[import-not-found, unused-ignore]
+    from headcount.kvindex.subscriber import EventSubscriber  # type: ignore[import-not-found, unused-ignore]
+
+    tokenizer = await load_router_tokenizer(settings.tokenizer)
+    indexes: KvIndexRegistry = KvIndexes(
+        fleet,
+        subscriber=EventSubscriber,
+        port=settings.port,
+        replay_port=settings.replay_port,
+        topic=settings.topic,
+        idle_timeout=settings.idle_timeout,
+        replay_timeout=settings.replay_timeout,
+        clock=clock,
+    )
+    log.info(
+        "kv-aware: KV events from engine ports %d (replay %d), tokens from %s",
+        settings.port,
+        settings.replay_port,
+        "each engine's /tokenize" if tokenizer is None else f"tokenizer {tokenizer.name}",
+    )
+    return KvWiring(indexes, tokenizer, settings.tokenize_timeout)
+
+
 async def build_sources(settings: Settings, fleet: Fleet) -> list[DiscoverySource]:
     """The discovery sources `settings` ask for (loading the kubeconfig for Kubernetes modes)."""
     if settings.discovery.mode is DiscoveryMode.STATIC:
@@ -210,6 +316,9 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, on_signal)
     raise_open_file_limit()
     fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after, outliers=settings.outlier)
-    router = Router(settings, fleet, await build_sources(settings, fleet))
+    kv = None
+    if settings.proxy.routing is RoutingName.KV_AWARE:
+        kv = await build_kv_wiring(settings.kv_events, fleet)
+    router = Router(settings, fleet, await build_sources(settings, fleet), kv)
     loop.add_signal_handler(signal.SIGHUP, router.auth.reload_soon)
     await router.run(stop, hurry)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from headcount.routing import RoutingName
 
 __all__ = [
+    "BUILTIN_TOKENIZER",
     "CLIENT_SHARE_OF_FILES",
     "AuthSettings",
     "ConfigError",
@@ -25,6 +26,7 @@ __all__ = [
     "DiscoverySettings",
     "DnsSettings",
     "HealthSettings",
+    "KvEventsSettings",
     "LogFormat",
     "OutlierSettings",
     "ProbeSettings",
@@ -320,6 +322,10 @@ class AuthSettings:
         _require_positive(("key_file_check_interval", self.key_file_check_interval))
 
 
+BUILTIN_TOKENIZER = "builtin"
+"""`--tokenizer builtin`: the simulated engines' own tokenizer, not a directory."""
+
+
 @dataclass(frozen=True)
 class KvEventsSettings:
     """The engines' KV-event streams, which `--routing kv-aware` routes on."""
@@ -339,6 +345,25 @@ class KvEventsSettings:
     own `POST /tokenize`."""
     tokenize_timeout: float = 1.0
     """An engine's `/tokenize` that answers later is skipped: the request is routed by load."""
+
+    def __post_init__(self) -> None:
+        for flag, port in (
+            ("--kv-events-port", self.port),
+            ("--kv-events-replay-port", self.replay_port),
+        ):
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"{flag} {port}: use 1-65535")
+        _require_positive(
+            ("--kv-events-idle-timeout", self.idle_timeout),
+            ("--kv-events-replay-timeout", self.replay_timeout),
+            ("--tokenize-timeout", self.tokenize_timeout),
+        )
+        tokenizer = self.tokenizer
+        if tokenizer not in (None, BUILTIN_TOKENIZER) and not _has_tokenizer_json(tokenizer):
+            raise ConfigError(
+                f"--tokenizer {tokenizer}: no tokenizer.json there "
+                f'(a Hugging Face tokenizer directory, or "{BUILTIN_TOKENIZER}")'
+            )
 
 
 @dataclass(frozen=True)
@@ -385,6 +410,10 @@ def _require_positive(*values: tuple[str, float]) -> None:
     for flag, value in values:
         if value <= 0:
             raise ConfigError(f"{flag} must be positive")
+
+
+def _has_tokenizer_json(directory: str) -> bool:
+    return (Path(directory) / "tokenizer.json").is_file()
 
 
 def _check_backend_url(url: str) -> None:

@@ -25,11 +25,12 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headcount.clock import Clock
 from headcount.outliers import NOT_EJECTED, Ejection, next_ejection, route_around
+from headcount.vllm_load import VllmLoad
 
 if TYPE_CHECKING:
     from headcount.config import OutlierSettings
@@ -126,9 +127,8 @@ class ProbeResult:
 
     ok: bool
     cards: tuple[Mapping[str, Any], ...] = ()
-    running: float = 0.0
-    waiting: float = 0.0
-    kv_usage: float | None = None
+    load: VllmLoad = field(default_factory=VllmLoad)
+    """What its `/metrics` said (all unknown when it had none)."""
     error: str | None = None
     inconclusive: bool = False
     """The probe failed for the router's own reasons (a failed DNS lookup, no free fd): the
@@ -359,12 +359,16 @@ class Fleet:
         if engine is None:
             return
         if result.ok:
-            load = engine.load
+            load, scraped = engine.load, result.load
             load.running, load.waiting, load.kv_usage = (
-                result.running,
-                result.waiting,
-                result.kv_usage,
+                scraped.running,
+                scraped.waiting,
+                scraped.kv_usage,
             )
+            load.prefix_cache_queries = scraped.prefix_cache_queries
+            load.prefix_cache_hits = scraped.prefix_cache_hits
+            load.kv_capacity_blocks = scraped.kv_capacity_blocks
+            load.kv_block_size = scraped.kv_block_size
             ejection = engine.ejection
             if engine.probe_failures and ejection.active(now := self._now()):
                 ejection = replace(ejection, until=now)

@@ -7,7 +7,9 @@ server, so API errors alone never fail it). Readiness fails before the first
 sync and during shutdown, and optionally without routable engines or fresh
 discovery. `/health` says ok, degraded (stale) or unavailable, never ok from
 the router's own state alone; the router's own resources running out (file
-descriptors, the connection limit) make it degraded.
+descriptors, the connection limit) make it degraded. With `--routing kv-aware`,
+a routable engine whose cache index is stale or off makes it degraded too
+(never unavailable: routing falls back to load for that engine).
 """
 
 from __future__ import annotations
@@ -20,14 +22,24 @@ from typing import Any
 from headcount.config import HealthSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
+from headcount.kv_views import IndexStatus
+from headcount.kvindex.trust import IndexTrust
 
 __all__ = [
+    "KV_INDEX_CHECK",
     "Check",
     "HealthReport",
     "Status",
     "evaluate",
+    "kv_index_check",
     "render_checks",
 ]
+
+KV_INDEX_CHECK = "kv_index"
+_NAMED = 5
+"""Engines named in the kv_index reason; the rest are counted."""
+_REASON_CHARS = 80
+"""Of each engine's own reason, in the kv_index reason."""
 
 
 class Status(enum.StrEnum):
@@ -70,12 +82,15 @@ def evaluate(
     dead_sources: Collection[str] = (),
     shutting_down: bool = False,
     local_problems: Sequence[str] = (),
+    kv_indexes: Mapping[str, IndexStatus] | None = None,
 ) -> HealthReport:
     """Judge the router's health at `now` (same clock as the statuses; `started` = boot).
 
     `local_problems`: the router's own resources that ran out lately (file descriptors,
-    the connection limit): degraded, never an engine's fault.
+    the connection limit): degraded, never an engine's fault. `kv_indexes`: the engines'
+    cache indexes by engine id with `--routing kv-aware`, else None.
     """
+    kv_check = None if kv_indexes is None else kv_index_check(snapshot, kv_indexes)
     live = tuple(_liveness(source, settings, now, started, dead_sources) for source in sources)
     routable = len(snapshot.routable)
     stale = [
@@ -101,13 +116,13 @@ def evaluate(
 
     if unsynced or not all(check.ok for check in live) or routable == 0 or shutting_down:
         status = Status.UNAVAILABLE
-    elif stale or local_problems:
+    elif stale or local_problems or (kv_check is not None and not kv_check.ok):
         status = Status.DEGRADED
     else:
         status = Status.OK
 
     counts = snapshot.count_by_state()
-    body = {
+    body: dict[str, Any] = {
         "status": status.value,
         # dict.fromkeys: the optional readiness checks repeat the stale and no-engine reasons.
         "reasons": list(
@@ -116,12 +131,35 @@ def evaluate(
                 + ([f"discovery stale: {', '.join(stale)}"] if stale else [])
                 + (["no routable engine"] if routable == 0 else [])
                 + list(local_problems)
+                + ([kv_check.reason] if kv_check is not None and not kv_check.ok else [])
             )
         ),
         "engines": {"routable": routable, **{state.value: n for state, n in counts.items()}},
         "sources": [_describe_source(s, now) for s in sources],
     }
+    if kv_check is not None:
+        body[KV_INDEX_CHECK] = {"ok": kv_check.ok, "reason": kv_check.reason}
     return HealthReport(status, live, tuple(ready), body)
+
+
+def kv_index_check(snapshot: Snapshot, indexes: Mapping[str, IndexStatus]) -> Check:
+    """Ok when every routable engine's index is usable (synced or rebuilding); the reason
+    names the others with their state and why (the first few, then a count)."""
+    unusable: list[str] = []
+    for engine in snapshot.routable:
+        view = indexes.get(engine.id)
+        trust, why = (IndexTrust.OFF, "no index") if view is None else (view.trust, view.reason)
+        if not trust.usable:
+            unusable.append(f"{engine.spec.name} {trust.value} ({why[:_REASON_CHARS]})")
+    if not unusable:
+        return Check(KV_INDEX_CHECK, True)
+    named = "; ".join(unusable[:_NAMED])
+    more = f"; and {len(unusable) - _NAMED} more" if len(unusable) > _NAMED else ""
+    return Check(
+        KV_INDEX_CHECK,
+        False,
+        f"kv index not usable, routing by load on {len(unusable)} engine(s): {named}{more}",
+    )
 
 
 def _liveness(

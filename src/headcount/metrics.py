@@ -6,8 +6,10 @@ registry and are updated through cached label children; those with a fixed
 label set start at zero. Everything that describes the fleet or discovery
 (`headcount_engines`, `headcount_engine_in_flight`,
 `headcount_outlier_ejected_engines`, `headcount_discovery_*`) is computed from
-a snapshot when scraped, so an engine's series disappear with the engine. The
-text is rendered in a worker thread so a scrape never stalls the event loop.
+a snapshot when scraped, so an engine's series disappear with the engine; so
+are the `headcount_kv_*` series of the engines' cache indexes, present only with
+`--routing kv-aware`. The text is rendered in a worker thread so a scrape never
+stalls the event loop.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from prometheus_client.metrics_core import Metric
 
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
+from headcount.kv_views import IndexStatus, KvViews
+from headcount.kvindex.stream import ClearReason
+from headcount.kvindex.trust import IndexTrust
 from headcount.outliers import REASONS as OUTLIER_REASONS
 
 __all__ = ["CONTENT_TYPE", "LOCAL_RESOURCES", "UNKNOWN_MODEL", "Metrics"]
@@ -47,10 +52,16 @@ class Metrics:
     """The router's metrics; one instance per process."""
 
     def __init__(
-        self, snapshot: Callable[[], Snapshot], sources: Sequence[SourceStatus] = ()
+        self,
+        snapshot: Callable[[], Snapshot],
+        sources: Sequence[SourceStatus] = (),
+        *,
+        kv_views: KvViews | None = None,
     ) -> None:
+        """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None."""
         self._snapshot = snapshot
         self._sources = sources
+        self._kv_views = kv_views
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "headcount_requests",
@@ -149,9 +160,19 @@ class Metrics:
 
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""
-        fleet = _FleetCollector(self._snapshot())
+        snapshot = self._snapshot()
+        fleet = _FleetCollector(snapshot)
         discovery = _DiscoveryCollector([_SourceSample.of(s) for s in self._sources])
-        return await asyncio.to_thread(_render, [self.registry, fleet, discovery])
+        collectors: list[_Collector] = [self.registry, fleet, discovery]
+        if self._kv_views is not None:
+            views = self._kv_views()
+            rows = [
+                (engine.spec.name, view)
+                for engine in snapshot.engines
+                if (view := views.get(engine.id)) is not None
+            ]
+            collectors.append(_KvCollector(rows))
+        return await asyncio.to_thread(_render, collectors)
 
 
 def _render(sources: list[_Collector]) -> bytes:
@@ -250,3 +271,93 @@ class _DiscoveryCollector:
                 relists.add_metric([sample.name, reason], count)
             removed.add_metric([sample.name], sample.removed_by_relist)
         yield from (last_sync, connected, relists, removed)
+
+
+_KV_PER_ENGINE: tuple[
+    tuple[
+        type[GaugeMetricFamily | CounterMetricFamily],
+        str,
+        str,
+        Callable[[IndexStatus], float | None],
+    ],
+    ...,
+] = (
+    (
+        GaugeMetricFamily,
+        "headcount_kv_index_blocks",
+        "KV blocks the engine's index holds.",
+        lambda view: view.blocks,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_events_applied",
+        "KV-event batches applied to the engine's index.",
+        lambda view: view.events_applied,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_event_gaps",
+        "Gaps in the engine's event sequence (each asks for a replay).",
+        lambda view: view.gaps,
+    ),
+    (
+        GaugeMetricFamily,
+        "headcount_kv_last_event_age_seconds",
+        "Seconds since the engine's last KV event (absent before the first).",
+        lambda view: view.last_event_age,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_predicted_cached_tokens",
+        "Prompt tokens the index predicted cached on the engine, over the requests sent.",
+        lambda view: view.predicted_hit_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_engine_reported_hit_tokens",
+        "Prefix-cache hit tokens the engine itself reported over the same span (absent while "
+        "unknown).",
+        lambda view: view.reported_hit_tokens,
+    ),
+)
+"""The series with only an `engine` label: family, name, help, and the view's value."""
+
+
+class _KvCollector:
+    """The engines' cache indexes, from views taken on the event loop (frozen: safe to read
+    in the render thread)."""
+
+    def __init__(self, rows: list[tuple[str, IndexStatus]]) -> None:
+        self._rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "headcount_kv_index_state",
+            "1 for the engine's cache-index trust state (synced, rebuilding, stale, off), "
+            "0 for the others; routing uses only synced and rebuilding indexes.",
+            labels=["engine", "state"],
+        )
+        replays = CounterMetricFamily(
+            "headcount_kv_replays",
+            "Replays asked for a gap, by outcome: filled, or failed (then the index is cleared).",
+            labels=["engine", "outcome"],
+        )
+        clears = CounterMetricFamily(
+            "headcount_kv_index_clears",
+            "Times the engine's index was emptied, by reason.",
+            labels=["engine", "reason"],
+        )
+        for name, view in self._rows:
+            for trust in IndexTrust:
+                state.add_metric([name, trust.value], 1.0 if view.trust is trust else 0.0)
+            replays.add_metric([name, "filled"], view.replays_filled)
+            replays.add_metric([name, "failed"], view.replays_failed)
+            for reason in ClearReason:
+                clears.add_metric([name, reason.value], view.clears.get(reason, 0))
+        yield from (state, replays, clears)
+        for family_type, family_name, help_text, value_of in _KV_PER_ENGINE:
+            family = family_type(family_name, help_text, labels=["engine"])
+            for name, view in self._rows:
+                if (value := value_of(view)) is not None:
+                    family.add_metric([name], value)
+            yield family

@@ -38,7 +38,7 @@ from headcount.config import DnsSettings, ProbeSettings
 from headcount.fleet import Engine, Fleet, FleetChange, ProbeResult
 from headcount.model_list import ModelListError, ModelListParser
 from headcount.probe_resolver import ProbeResolver
-from headcount.vllm_load import LoadParser
+from headcount.vllm_load import LoadParser, VllmLoad
 
 __all__ = ["ProbeError", "Prober"]
 
@@ -225,8 +225,7 @@ class Prober:
                 f"lists more than {self._settings.max_models} models: the rest are ignored "
                 "(--probe-max-models)",
             )
-        running = waiting = 0.0
-        kv: float | None = None
+        figures = VllmLoad()
         if isinstance(load, BaseException):
             unexpected = None if isinstance(load, _EXPECTED) else load
             self._tell_once(
@@ -238,8 +237,8 @@ class Prober:
             )
         else:
             self._told.pop((engine.id, "/metrics"), None)
-            running, waiting, kv = load_parser.close()
-        result = ProbeResult(ok=True, cards=cards, running=running, waiting=waiting, kv_usage=kv)
+            figures = load_parser.close()
+        result = ProbeResult(ok=True, cards=cards, load=figures)
         return result, None
 
     def _tell_once(

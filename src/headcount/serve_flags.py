@@ -19,6 +19,7 @@ from headcount.config import (
     DiscoverySettings,
     DnsSettings,
     HealthSettings,
+    KvEventsSettings,
     LogFormat,
     OutlierSettings,
     ProbeSettings,
@@ -164,10 +165,67 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--ready-requires-fresh", action="store_true", default=health_d.ready_requires_fresh
     )
 
+    _add_kv_arguments(parser)
+
     auth_d = AuthSettings()
     auth = parser.add_argument_group("authentication")
     auth.add_argument("--api-keys-file", type=Path, default=auth_d.api_keys_file)
     auth.add_argument("--engine-api-key-file", type=Path, default=auth_d.engine_api_key_file)
+
+
+def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
+    kv_d = KvEventsSettings()
+    kv = parser.add_argument_group(
+        "kv-aware routing", "Read only with --routing kv-aware: the engines' KV-event streams."
+    )
+    kv.add_argument(
+        "--kv-events-port",
+        type=_parse_port,
+        default=kv_d.port,
+        help="port of each engine's KV-event publisher (vLLM's endpoint); the pod or Service "
+        "annotation kv-events-port overrides it (default %(default)s)",
+    )
+    kv.add_argument(
+        "--kv-events-replay-port",
+        type=_parse_port,
+        default=kv_d.replay_port,
+        help="port of each engine's replay socket (vLLM's replay_endpoint); annotation "
+        "kv-events-replay-port (default %(default)s)",
+    )
+    kv.add_argument(
+        "--kv-events-topic",
+        default=kv_d.topic,
+        help="topic prefix subscribed to, vLLM's `topic` (default empty: every topic)",
+    )
+    kv.add_argument(
+        "--kv-events-idle-timeout",
+        type=parse_duration,
+        default=kv_d.idle_timeout,
+        help="an engine we route to that sends no event for this long has a stale index "
+        "(seconds or 250ms, 2m; default %(default)gs)",
+    )
+    kv.add_argument(
+        "--kv-events-replay-timeout",
+        type=parse_duration,
+        default=kv_d.replay_timeout,
+        help="a gap's replay must answer within this, else the index is cleared and rebuilt "
+        "(default %(default)gs)",
+    )
+    kv.add_argument(
+        "--tokenizer",
+        metavar="DIR|builtin",
+        default=kv_d.tokenizer,
+        help="tokenizer and chat template of the served model: a Hugging Face directory "
+        "(tokenizer.json, tokenizer_config.json), or builtin (the simulated engine's); "
+        "default: ask each engine's POST /tokenize",
+    )
+    kv.add_argument(
+        "--tokenize-timeout",
+        type=parse_duration,
+        default=kv_d.tokenize_timeout,
+        help="an engine's /tokenize answering later is skipped and the request routed by load "
+        "(default %(default)gs)",
+    )
 
 
 def settings_from_args(ns: argparse.Namespace) -> Settings:
@@ -236,4 +294,13 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             max_ejected_percent=ns.outlier_max_ejected_percent,
         ),
         dns=DnsSettings(timeout=ns.dns_timeout),
+        kv_events=KvEventsSettings(
+            port=ns.kv_events_port,
+            replay_port=ns.kv_events_replay_port,
+            topic=ns.kv_events_topic,
+            idle_timeout=ns.kv_events_idle_timeout,
+            replay_timeout=ns.kv_events_replay_timeout,
+            tokenizer=ns.tokenizer,
+            tokenize_timeout=ns.tokenize_timeout,
+        ),
     )

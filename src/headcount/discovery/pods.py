@@ -1,7 +1,10 @@
 """Engines from Kubernetes pods: the pure pod mapping and the source that watches pods.
 
 `pod_to_spec` decides what a pod means for the fleet and nothing else: a pod
-is an engine when it has an IP, runs, is Ready and is not being deleted.
+is an engine when it has an IP, runs, is Ready and is not being deleted. Its
+`kv-events-port` and `kv-events-replay-port` annotations (`kv_event_ports`,
+shared with Services) say where its KV events are published; a malformed one
+is ignored with a warning, the engine still routable.
 `PodSource` keeps the fleet's engines equal to the pods that map to one: every
 LIST is a full reconcile (each engine it removes is a deletion the watch
 missed, counted and logged), every watch event an upsert or a removal.
@@ -24,9 +27,53 @@ from headcount.discovery.reflector import Reflector, ReflectorTiming
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet
 
-__all__ = ["PodSource", "pod_to_spec", "reconcile_listed"]
+__all__ = [
+    "KV_EVENTS_PORT_ANNOTATION",
+    "KV_EVENTS_REPLAY_PORT_ANNOTATION",
+    "PodSource",
+    "kv_event_ports",
+    "pod_to_spec",
+    "reconcile_listed",
+]
 
 _log = logging.getLogger(__name__)
+
+KV_EVENTS_PORT_ANNOTATION = "kv-events-port"
+KV_EVENTS_REPLAY_PORT_ANNOTATION = "kv-events-replay-port"
+_WARNED_MAX = 4096
+_warned: dict[tuple[str, str], object] = {}
+"""(object, annotation) -> the malformed value last warned about: one warning per value, not
+one per watch event or relist."""
+
+
+def kv_event_ports(annotations: Mapping[str, Any], where: str) -> tuple[int | None, int | None]:
+    """The engine's KV-event publisher and replay ports from its annotations, None where
+    absent or malformed (the router's `--kv-events-port` / `--kv-events-replay-port` apply)."""
+    return (
+        _port_annotation(annotations, KV_EVENTS_PORT_ANNOTATION, where),
+        _port_annotation(annotations, KV_EVENTS_REPLAY_PORT_ANNOTATION, where),
+    )
+
+
+def _port_annotation(annotations: Mapping[str, Any], key: str, where: str) -> int | None:
+    value = annotations.get(key)
+    if value is None:
+        return None
+    text = str(value).strip()
+    if text.isdigit() and 1 <= int(text) <= 65535:
+        _warned.pop((where, key), None)
+        return int(text)
+    if _warned.get((where, key)) != value:
+        if len(_warned) >= _WARNED_MAX:
+            _warned.clear()
+        _warned[(where, key)] = value
+        _log.warning(
+            "%s: annotation %s=%r is not a port (1-65535): ignored, the default applies",
+            where,
+            key,
+            str(value)[:40],
+        )
+    return None
 
 
 def pod_to_spec(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec | None:
@@ -44,6 +91,8 @@ def pod_to_spec(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
+    object_ref = f"pod/{namespace}/{name}"
+    kv_events_port, kv_events_replay_port = kv_event_ports(annotations, object_ref)
     return EngineSpec(
         id=str(metadata["uid"]),
         name=f"{namespace}/{name}",
@@ -52,8 +101,10 @@ def pod_to_spec(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec
         model_label=labels.get("model"),
         sleeping=labels.get("sleeping") == "true",
         lora_revision=annotations.get("lora-modified"),
-        object_ref=f"pod/{namespace}/{name}",
+        object_ref=object_ref,
         resource_version=str(metadata.get("resourceVersion") or "") or None,
+        kv_events_port=kv_events_port,
+        kv_events_replay_port=kv_events_replay_port,
     )
 
 

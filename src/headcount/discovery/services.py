@@ -21,7 +21,7 @@ from typing import Any
 from headcount.clock import Clock, Sleep
 from headcount.discovery.isolation import Isolation
 from headcount.discovery.listwatch import KubeObject, ListerWatcher
-from headcount.discovery.pods import reconcile_listed
+from headcount.discovery.pods import kv_event_ports, reconcile_listed
 from headcount.discovery.reflector import Reflector, ReflectorTiming
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet
@@ -65,6 +65,8 @@ def service_to_spec(
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     port = _engine_port(service["spec"]["ports"], engine_port)
+    object_ref = f"service/{namespace}/{name}"
+    kv_events_port, kv_events_replay_port = kv_event_ports(annotations, object_ref)
     return EngineSpec(
         id=str(metadata["uid"]),
         name=f"{namespace}/{name}",
@@ -74,8 +76,10 @@ def service_to_spec(
         sleeping=labels.get("sleeping") == "true",
         ready=any(_has_ready_endpoint(s) for s in slices),
         lora_revision=annotations.get("lora-modified"),
-        object_ref=f"service/{namespace}/{name}",
+        object_ref=object_ref,
         resource_version=str(metadata.get("resourceVersion") or "") or None,
+        kv_events_port=kv_events_port,
+        kv_events_replay_port=kv_events_replay_port,
     )
 
 
