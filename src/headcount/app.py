@@ -22,9 +22,9 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver
@@ -42,7 +42,7 @@ from headcount.discovery.source import DiscoverySource
 from headcount.discovery.static import StaticSource
 from headcount.fleet import Fleet
 from headcount.grpc_health import GrpcHealthServer
-from headcount.kv_views import IndexStatus
+from headcount.kvroute import KvRouting
 from headcount.metrics import Metrics
 from headcount.probe import Prober
 from headcount.proxy import Proxy, start_local_server, start_server
@@ -50,8 +50,10 @@ from headcount.routing import Policy, RoutingName, make_policy
 from headcount.supervise import Supervisor
 from headcount.tokens import ChatTokenizer, TokenizerError, builtin_tokenizer, load_tokenizer
 
+if TYPE_CHECKING:
+    from headcount.kvindex.registry import KvIndexes
+
 __all__ = [
-    "KvIndexRegistry",
     "KvWiring",
     "Router",
     "build_kv_wiring",
@@ -63,25 +65,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class KvIndexRegistry(Protocol):
-    """What the router does with the engines' indexes (`headcount.kvindex.registry.KvIndexes`)."""
-
-    def views(self) -> Mapping[str, IndexStatus]: ...
-    def start(self) -> None:
-        """Follow the fleet: a subscriber and an index per engine, from now on."""
-
-    async def close(self) -> None:
-        """Stop every subscriber and forget every index."""
-
-
 @dataclass(frozen=True, slots=True)
 class KvWiring:
-    """What `--routing kv-aware` adds to a router: the indexes, and how to tokenize."""
+    """What `--routing kv-aware` adds to a router: the engines' indexes, and the policy's needs."""
 
-    indexes: KvIndexRegistry
-    tokenizer: ChatTokenizer | None
-    """The router's own tokenizer; None: each engine's `POST /tokenize`."""
-    tokenize_timeout: float
+    indexes: KvIndexes
+    routing: KvRouting
 
 
 class Router:
@@ -249,9 +238,8 @@ class Router:
 
 def _policy(settings: Settings, kv: KvWiring | None) -> Policy:
     proxy = settings.proxy
-    if kv is None:
-        return make_policy(proxy.routing, affinity_epsilon=proxy.affinity_epsilon)
-    return make_policy(proxy.routing, affinity_epsilon=proxy.affinity_epsilon, kv=kv)  # type: ignore[call-arg]
+    routing = None if kv is None else kv.routing
+    return make_policy(proxy.routing, affinity_epsilon=proxy.affinity_epsilon, kv=routing)
 
 
 async def load_router_tokenizer(setting: str | None) -> ChatTokenizer | None:
@@ -272,11 +260,11 @@ async def build_kv_wiring(
 ) -> KvWiring:
     """The indexes and tokenizer of `--routing kv-aware`; the index modules (and pyzmq) are
     imported only then."""
-    from headcount.kvindex.registry import KvIndexes  # type: ignore[import-not-found, unused-ignore]
-    from headcount.kvindex.subscriber import EventSubscriber  # type: ignore[import-not-found, unused-ignore]
+    from headcount.kvindex.registry import KvIndexes
+    from headcount.kvindex.subscriber import EventSubscriber
 
     tokenizer = await load_router_tokenizer(settings.tokenizer)
-    indexes: KvIndexRegistry = KvIndexes(
+    indexes = KvIndexes(
         fleet,
         subscriber=EventSubscriber,
         port=settings.port,
@@ -292,7 +280,7 @@ async def build_kv_wiring(
         settings.replay_port,
         "each engine's /tokenize" if tokenizer is None else f"tokenizer {tokenizer.name}",
     )
-    return KvWiring(indexes, tokenizer, settings.tokenize_timeout)
+    return KvWiring(indexes, KvRouting(indexes, tokenizer, settings.tokenize_timeout))
 
 
 async def build_sources(settings: Settings, fleet: Fleet) -> list[DiscoverySource]:

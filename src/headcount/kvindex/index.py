@@ -1,0 +1,164 @@
+"""One engine's cached blocks, as its KV events describe them, keyed by the router's own block hash.
+
+An engine names its blocks by hashes the router cannot recompute (its hash
+function and seed are its own), so each stored block is keyed by
+`keys.chain` over its token ids, chained from its parent's key, and the
+engine's hash only maps to that key for parent links and removals. A request
+then matches by computing its own keys: `match` walks them until the first
+block the engine does not hold.
+
+- `BlockStored` chains from `parent_block_hash` (None: the sequence's first
+  block). A parent the index does not know means the engine holds a prefix
+  the index never saw (events were missed): those blocks are skipped and
+  counted in `unknown_parents`, which keeps the index rebuilding.
+- The LoRA part of a key is the adapter's name (`lora_name`, which vLLM also
+  writes as the block's `extra_keys` entry `(name,)`), as a request names it
+  in `model`. A block with other extra keys (a cache salt, images) and an
+  event with only vLLM 0.10's integer `lora_id` get keys no text request can
+  match: the router cannot map ids to names or know the salt.
+- vLLM does not deduplicate: two requests filling the same uncached prefix
+  at once store the same hash twice and evict each copy separately, so
+  engine hashes are counted and a block leaves the index with its last copy.
+  A removal of a hash the index does not hold is ignored (and counted).
+- Hashes come as ints (negative under vLLM 0.10) or bytes; each form is its
+  own key in the map, consistently within one engine's stream.
+- `copies` counts physical blocks; more than `capacity` (the engine's
+  `num_gpu_blocks`) means removals were missed: `overflowing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from headcount.kvevents import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent
+from headcount.kvindex.keys import ROOT, BlockKey, chain
+
+__all__ = ["DEFAULT_CAPACITY", "EngineIndex"]
+
+DEFAULT_CAPACITY = 4_000_000
+"""Blocks held while the engine's own capacity is unknown: more than any single GPU holds
+(an 80 GB H100 with an 8B model has about 28,000 blocks of 16 tokens), so only a stream
+that never removes anything reaches it (about 400 MB of index)."""
+
+
+class EngineIndex:
+    """Which blocks one engine holds; fed its events in order, asked which prefix it holds."""
+
+    __slots__ = (
+        "_copies",
+        "_holders",
+        "_key_of",
+        "block_size",
+        "capacity",
+        "copies",
+        "unknown_parents",
+        "unknown_removals",
+    )
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._key_of: dict[BlockHash, BlockKey] = {}
+        self._copies: dict[BlockHash, int] = {}
+        self._holders: dict[BlockKey, int] = {}
+        """Per key, how many distinct engine hashes stand for it."""
+        self.capacity = capacity
+        self.copies = 0
+        self.block_size: int | None = None
+        self.unknown_parents = 0
+        self.unknown_removals = 0
+
+    def __len__(self) -> int:
+        """Distinct blocks held."""
+        return len(self._holders)
+
+    @property
+    def overflowing(self) -> bool:
+        return self.copies > self.capacity
+
+    def apply(self, event: KvEvent) -> bool:
+        """Apply one event; False when a stored block's parent was unknown (blocks skipped)."""
+        if isinstance(event, BlockStored):
+            return self._store(event)
+        if isinstance(event, BlockRemoved):
+            for block_hash in event.block_hashes:
+                self._remove(block_hash)
+        elif isinstance(event, AllBlocksCleared):
+            self.clear()
+        return True
+
+    def match(self, keys: Sequence[BlockKey]) -> int:
+        """How many of `keys`, from the first, the engine holds."""
+        holders = self._holders
+        count = 0
+        for key in keys:
+            if key not in holders:
+                break
+            count += 1
+        return count
+
+    def clear(self) -> None:
+        self._key_of.clear()
+        self._copies.clear()
+        self._holders.clear()
+        self.copies = 0
+
+    def _store(self, event: BlockStored) -> bool:
+        size = event.block_size
+        self.block_size = size
+        if event.parent_block_hash is None:
+            parent = ROOT
+        else:
+            known = self._key_of.get(event.parent_block_hash)
+            if known is None:
+                self.unknown_parents += 1
+                return False
+            parent = known
+        tokens = event.token_ids
+        for position, block_hash in enumerate(event.block_hashes):
+            parent = chain(
+                parent,
+                tuple(tokens[position * size : (position + 1) * size]),
+                _adapter(event, position),
+            )
+            self._add(block_hash, parent)
+        return True
+
+    def _add(self, block_hash: BlockHash, key: BlockKey) -> None:
+        self.copies += 1
+        copies = self._copies.get(block_hash, 0)
+        self._copies[block_hash] = copies + 1
+        if copies:
+            return
+        self._key_of[block_hash] = key
+        self._holders[key] = self._holders.get(key, 0) + 1
+
+    def _remove(self, block_hash: BlockHash) -> None:
+        copies = self._copies.get(block_hash)
+        if copies is None:
+            self.unknown_removals += 1
+            return
+        self.copies -= 1
+        if copies > 1:
+            self._copies[block_hash] = copies - 1
+            return
+        del self._copies[block_hash]
+        key = self._key_of.pop(block_hash)
+        holders = self._holders[key]
+        if holders > 1:
+            self._holders[key] = holders - 1
+        else:
+            del self._holders[key]
+
+
+def _adapter(event: BlockStored, position: int) -> str | None:
+    """The LoRA part of the key of the event's `position`-th block, as a request names it."""
+    extras = event.extra_keys
+    extra = extras[position] if extras and position < len(extras) else None
+    if extra:
+        if extra == (event.lora_name,):
+            return event.lora_name
+        return f"\x00extra:{extra!r}"
+    if event.lora_name is not None:
+        return event.lora_name
+    if event.lora_id is not None:
+        return f"\x00lora-id:{event.lora_id}"
+    return None

@@ -1,0 +1,354 @@
+"""Every engine's cache index, following the fleet: what kv-aware routing asks and health shows.
+
+`KvIndexes` keeps, for each engine discovery knows (ready or not: a
+not-ready engine still fills its cache), a subscriber to its KV events on
+its host (ports from its annotations, else the router's defaults), the
+`EngineIndex` the events build and the `TrustFacts` they and the router's
+own traffic record. An engine that appears gets a subscriber at once; one
+whose address or ports change gets a new subscriber and an empty index; one
+that leaves takes every piece of its state with it. A tick every second
+re-reads the fleet (so an annotation change is seen even when nothing else
+changed), applies each engine's advertised capacity and checks the engine's
+own prefix-cache hit counter against what the index predicted:
+
+- Over a window of at least `check_window` seconds and `min_requests`
+  requests routed to the engine, the engine's hits must reach half of the
+  tokens the index predicted cached, less two blocks. Other routers' traffic
+  only adds hits, so only over-prediction counts; half absorbs the scrape
+  lag (a probe interval) and blocks evicted between routing and admission.
+  Below that the index is wrong: it is cleared (`disagreement`) and stale
+  until a window agrees. An engine whose counter went backwards restarted:
+  the window starts again.
+
+Routing reads `match` (None for an unusable index), `block_size`, and tells
+`routed` (at dispatch) and `prefilled` (at the first byte); all are O(1) but
+`match`, O(the request's blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from headcount.clock import Clock
+from headcount.fleet import EngineSpec, Fleet, FleetChange
+from headcount.kvevents import AllBlocksCleared, EventBatch
+from headcount.kvindex.index import DEFAULT_CAPACITY, EngineIndex
+from headcount.kvindex.keys import BlockKey
+from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberFactory, SubscriberTarget
+from headcount.kvindex.trust import IndexTrust, TrustFacts, evaluate
+from headcount.kvindex.view import IndexView
+
+__all__ = ["KvIndexes"]
+
+_log = logging.getLogger(__name__)
+
+_INCOMPLETE = {
+    ClearReason.GAP: "a gap the replay could not fill",
+    ClearReason.OVERFLOW: "more blocks than the engine holds: removals were missed",
+    ClearReason.DISAGREEMENT: "the engine's hits contradicted the index",
+}
+"""Clears that leave the engine's cache full while the index is empty."""
+_RESTART_DELAY = 1.0
+"""Before a crashed subscriber is started again."""
+
+
+@dataclass(slots=True)
+class _Window:
+    """The current hit-agreement check window of one engine."""
+
+    started: float
+    hits_at_start: float | None
+    predicted: int = 0
+    requests: int = 0
+
+
+class _Tracked(StreamSink):
+    """One engine: its subscriber task, index, trust facts and counters; the stream's sink."""
+
+    def __init__(self, name: str, target: SubscriberTarget, owner: KvIndexes) -> None:
+        self.name = name
+        self.target = target
+        self._owner = owner
+        self.index = EngineIndex()
+        self.facts = TrustFacts(endpoint=target.endpoint)
+        self.trust, self.reason = IndexTrust.OFF, f"no publisher reached at {target.endpoint}"
+        self.task: asyncio.Task[None] | None = None
+        self.last_event_at: float | None = None
+        self.events_applied = self.gaps = self.replays_filled = self.replays_failed = 0
+        self.clears = dict.fromkeys(ClearReason, 0)
+        self.predicted_hit_tokens = 0
+        self.reported_hit_tokens: float | None = None
+        self.scraped_block_size: int | None = None
+        self.window = _Window(owner.now(), None)
+
+    def connected(self, up: bool) -> None:
+        self.facts.connected = up
+        self.facts.ever_connected |= up
+        self.refresh()
+
+    def batch(self, seq: int, batch: EventBatch) -> None:
+        now = self._owner.now()
+        for event in batch.events:
+            if not self.index.apply(event):
+                self.facts.unknown_parent_at = now
+            elif isinstance(event, AllBlocksCleared):
+                self._cleared(ClearReason.ALL_BLOCKS_CLEARED, now)
+        self.events_applied += len(batch.events)
+        self.last_event_at = now
+        self.facts.awaiting_since = None
+        if self.index.overflowing:
+            self.clear(ClearReason.OVERFLOW)
+        self.refresh()
+
+    def gap(self, expected: int, got: int) -> None:
+        self.gaps += 1
+        self.facts.gap = (expected, got)
+        self.refresh()
+
+    def replayed(self, filled: bool) -> None:
+        self.facts.gap = None
+        if filled:
+            self.replays_filled += 1
+        else:
+            self.replays_failed += 1
+        self.refresh()
+
+    def clear(self, reason: ClearReason) -> None:
+        self.index.clear()
+        self._cleared(reason, self._owner.now())
+        self.refresh()
+
+    def _cleared(self, reason: ClearReason, now: float) -> None:
+        self.clears[reason] += 1
+        facts = self.facts
+        if reason in _INCOMPLETE:
+            facts.cleared_incomplete_at, facts.cleared_why = now, _INCOMPLETE[reason]
+        else:
+            facts.cleared_incomplete_at = facts.unknown_parent_at = None
+
+    def refresh(self) -> None:
+        owner = self._owner
+        trust, reason = evaluate(
+            self.facts,
+            owner.now(),
+            idle_timeout=owner.idle_timeout,
+            rebuild_window=owner.rebuild_window,
+        )
+        if trust is not self.trust:
+            level = logging.WARNING if not trust.usable else logging.INFO
+            _log.log(level, "kv index of %s: %s -> %s (%s)", self.name, self.trust, trust, reason)
+        self.trust, self.reason = trust, reason
+
+    def view(self, now: float) -> IndexView:
+        last = self.last_event_at
+        return IndexView(
+            trust=self.trust,
+            reason=self.reason,
+            blocks=len(self.index),
+            capacity=None if self.index.capacity == DEFAULT_CAPACITY else self.index.capacity,
+            block_size=self.index.block_size or self.scraped_block_size,
+            last_event_age=None if last is None else now - last,
+            events_applied=self.events_applied,
+            gaps=self.gaps,
+            replays_filled=self.replays_filled,
+            replays_failed=self.replays_failed,
+            clears=dict(self.clears),
+            predicted_hit_tokens=self.predicted_hit_tokens,
+            reported_hit_tokens=self.reported_hit_tokens,
+            unknown_parents=self.index.unknown_parents,
+        )
+
+
+class KvIndexes:
+    """The engines' cache indexes; `start` follows the fleet, `close` stops every subscriber."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        subscriber: SubscriberFactory,
+        port: int,
+        replay_port: int,
+        topic: str,
+        idle_timeout: float,
+        replay_timeout: float,
+        clock: Clock = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rebuild_window: float = 30.0,
+        check_window: float = 30.0,
+        min_requests: int = 8,
+        tick: float = 1.0,
+    ) -> None:
+        self._fleet = fleet
+        self._subscriber = subscriber
+        self._port, self._replay_port, self._topic = port, replay_port, topic
+        self._replay_timeout = replay_timeout
+        self.idle_timeout = idle_timeout
+        self.rebuild_window = rebuild_window
+        self._check_window = check_window
+        self._min_requests = min_requests
+        self.now = clock
+        self._sleep = sleep
+        self._tick = tick
+        self._engines: dict[str, _Tracked] = {}
+        self._ticker: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Subscribe to every known engine and follow the fleet from now on."""
+        self._fleet.subscribe(self._on_change)
+        self._reconcile()
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def close(self) -> None:
+        tasks = [t.task for t in self._engines.values() if t.task is not None]
+        if self._ticker is not None:
+            tasks.append(self._ticker)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._engines.clear()
+
+    # --- what routing asks and tells
+
+    def match(self, engine_id: str, keys: Sequence[BlockKey]) -> int | None:
+        tracked = self._engines.get(engine_id)
+        if tracked is None or not tracked.trust.usable:
+            return None
+        return tracked.index.match(keys)
+
+    def block_size(self, engine_id: str) -> int | None:
+        tracked = self._engines.get(engine_id)
+        if tracked is None:
+            return None
+        return tracked.index.block_size or tracked.scraped_block_size
+
+    def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
+        tracked = self._engines.get(engine_id)
+        if tracked is not None:
+            tracked.predicted_hit_tokens += predicted_cached_tokens
+            tracked.window.predicted += predicted_cached_tokens
+            tracked.window.requests += 1
+
+    def prefilled(self, engine_id: str, new_blocks: int) -> None:
+        tracked = self._engines.get(engine_id)
+        if tracked is not None and new_blocks > 0 and tracked.facts.awaiting_since is None:
+            tracked.facts.awaiting_since = self.now()
+
+    # --- what the surfaces read
+
+    def view(self, engine_id: str) -> IndexView | None:
+        tracked = self._engines.get(engine_id)
+        return None if tracked is None else tracked.view(self.now())
+
+    def views(self) -> Mapping[str, IndexView]:
+        now = self.now()
+        return {engine_id: tracked.view(now) for engine_id, tracked in self._engines.items()}
+
+    # --- following the fleet
+
+    def _on_change(self, change: FleetChange) -> None:
+        if change.added or change.changed or change.removed:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        engines = self._fleet.snapshot.by_id
+        for engine_id in [e for e in self._engines if e not in engines]:
+            self._forget(engine_id)
+        for engine_id, engine in engines.items():
+            target = self._target(engine.spec)
+            tracked = self._engines.get(engine_id)
+            if tracked is not None and tracked.target == target:
+                tracked.name = engine.spec.name
+                continue
+            if tracked is not None:
+                self._forget(engine_id)
+            if target is not None:
+                self._follow(engine_id, engine.spec.name, target)
+
+    def _target(self, spec: EngineSpec) -> SubscriberTarget | None:
+        host = urlsplit(spec.url).hostname
+        if not host:
+            return None
+        host = f"[{host}]" if ":" in host else host
+        port = spec.kv_events_port or self._port
+        replay = spec.kv_events_replay_port or self._replay_port
+        return SubscriberTarget(
+            endpoint=f"tcp://{host}:{port}",
+            replay_endpoint=f"tcp://{host}:{replay}",
+            topic=self._topic,
+            replay_timeout=self._replay_timeout,
+        )
+
+    def _follow(self, engine_id: str, name: str, target: SubscriberTarget) -> None:
+        tracked = _Tracked(name, target, self)
+        self._engines[engine_id] = tracked
+        tracked.task = asyncio.get_running_loop().create_task(
+            self._subscribe(tracked), name=f"kv events {name}"
+        )
+
+    def _forget(self, engine_id: str) -> None:
+        tracked = self._engines.pop(engine_id)
+        if tracked.task is not None:
+            tracked.task.cancel()
+
+    async def _subscribe(self, tracked: _Tracked) -> None:
+        while True:
+            try:
+                await self._subscriber(tracked.target, tracked).run()
+            except Exception:
+                _log.exception("kv events of %s: the subscriber failed; restarting", tracked.name)
+            tracked.connected(False)
+            await self._sleep(_RESTART_DELAY)
+
+    # --- the tick: capacity, the engine's own hit counter, idle timeouts
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await self._sleep(self._tick)
+            try:
+                self.tick()
+            except Exception:
+                _log.exception("kv indexes: a tick failed")
+
+    def tick(self) -> None:
+        """One round: re-read the fleet, apply capacities, check windows, re-evaluate trust."""
+        self._reconcile()
+        engines = self._fleet.snapshot.by_id
+        now = self.now()
+        for engine_id, tracked in self._engines.items():
+            engine = engines.get(engine_id)
+            if engine is not None:
+                load = engine.load
+                tracked.index.capacity = load.kv_capacity_blocks or DEFAULT_CAPACITY
+                tracked.scraped_block_size = load.kv_block_size
+                tracked.reported_hit_tokens = load.prefix_cache_hits
+                if tracked.index.overflowing:
+                    tracked.clear(ClearReason.OVERFLOW)
+                self._check_hits(tracked, load.prefix_cache_hits, now)
+            tracked.refresh()
+
+    def _check_hits(self, tracked: _Tracked, hits: float | None, now: float) -> None:
+        window = tracked.window
+        if hits is None:
+            return
+        if window.hits_at_start is None or hits < window.hits_at_start:
+            tracked.window = _Window(now, hits)
+            return
+        if now - window.started < self._check_window or window.requests < self._min_requests:
+            return
+        reported = hits - window.hits_at_start
+        block = tracked.index.block_size or tracked.scraped_block_size or 16
+        if reported < window.predicted / 2 - 2 * block:
+            tracked.facts.disagreement = (
+                f"the engine reported {reported:.0f} cached prompt tokens over "
+                f"{now - window.started:.0f}s, the index predicted {window.predicted}"
+            )
+            tracked.clear(ClearReason.DISAGREEMENT)
+        else:
+            tracked.facts.disagreement = None
+        tracked.window = _Window(now, hits)
