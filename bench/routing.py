@@ -40,8 +40,8 @@ Method (the numbers are only as good as this):
 Usage: `.venv/bin/python bench/routing.py [--quick] [--rates 3,7,11] [--duration S]
 [--warmup N] [--targets a,b] [--require-peers] [--fault restart|gap]`; `make bench-routing`.
 With `--fault`, one engine's event stream breaks a third of the way into each measured
-window and the report adds TTFT p90 over time and when it returned to its pre-fault level. Exit 0 when
-measured, 1 if a headcount target could not be measured, 2 on setup errors. The
+window and the report adds TTFT p90 over time and when it returned to its pre-fault level.
+Exit 0 when measured, 1 if a headcount target could not be measured, 2 on setup errors. The
 report is printed and written to `bench/out/routing-<timestamp>.md` with the plot
 beside it and in `bench/routing-ttft-p90.png`.
 """
