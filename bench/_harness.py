@@ -298,10 +298,15 @@ class HttpAnswer:
 
 
 def http_call(
-    port: int, method: str, path: str, body: bytes | None = None, timeout_s: float = 5.0
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    timeout_s: float = 5.0,
+    host: str = "127.0.0.1",
 ) -> HttpAnswer | None:
-    """One request to 127.0.0.1:`port`, whole body read (chunked decoded); None if unreachable."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    """One request to `host`:`port`, whole body read (chunked decoded); None if unreachable."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     headers = {"Content-Type": "application/json"} if body is not None else {}
     try:
         conn.request(method, path, body=body, headers=headers)

@@ -70,12 +70,13 @@ async def run_open_loop(
     base_url: str,
     schedule: Sequence[Arrival],
     drain_s: float,
-    at_offset: tuple[float, Callable[[], Awaitable[None]]] | None = None,
+    marks: Sequence[tuple[float, Callable[[], Awaitable[None]]]] = (),
 ) -> list[Outcome]:
     """Send `schedule` on time to `base_url`; requests still open `drain_s` after the last fail.
 
-    `at_offset=(seconds, callback)` awaits `callback` once, that many seconds into the
-    run (the benchmark snapshots counters there, at the end of warm-up).
+    Each `(seconds, callback)` of `marks` awaits `callback` once, that many seconds into
+    the run (the benchmark snapshots counters at the end of warm-up, and may inject a
+    fault later).
     """
     url = base_url + _CHAT_PATH
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -84,12 +85,12 @@ async def run_open_loop(
         last = schedule[-1].at_s if schedule else 0.0
         deadline = start + last + drain_s
         tasks: list[asyncio.Task[Outcome]] = []
-        pending_mark = at_offset
+        pending = sorted(marks, key=lambda mark: mark[0])
         for arrival in schedule:
-            if pending_mark is not None and arrival.at_s >= pending_mark[0]:
-                await asyncio.sleep(max(start + pending_mark[0] - time.monotonic(), 0))
-                await pending_mark[1]()
-                pending_mark = None
+            while pending and arrival.at_s >= pending[0][0]:
+                at_s, callback = pending.pop(0)
+                await asyncio.sleep(max(start + at_s - time.monotonic(), 0))
+                await callback()
             await asyncio.sleep(max(start + arrival.at_s - time.monotonic(), 0))
             tasks.append(asyncio.create_task(_one(session, url, arrival, start, deadline)))
         return list(await asyncio.gather(*tasks))

@@ -8,7 +8,16 @@ from pathlib import Path
 
 from _loadgen import Outcome
 
-__all__ = ["Row", "highest_load_summary", "plot", "render_table", "summarise"]
+__all__ = [
+    "Recovery",
+    "Row",
+    "highest_load_summary",
+    "plot",
+    "recovery",
+    "render_recoveries",
+    "render_table",
+    "summarise",
+]
 
 
 @dataclass(frozen=True)
@@ -143,3 +152,79 @@ def plot(rows: Sequence[Row], paths: Sequence[Path]) -> None:
     for path in paths:
         figure.savefig(path)
     plt.close(figure)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """TTFT around an event-stream fault injected `fault_s` seconds into the run."""
+
+    target: str
+    rate: float
+    fault: str
+    before_p90: float | None
+    """Over the measured requests sent before the fault."""
+    series: tuple[tuple[float, float | None], ...]
+    """(seconds after the fault, TTFT p90 of requests sent in the window starting then)."""
+    recovered_after_s: float | None
+    """From the fault until every later window's p90 stays within the bound; None: never."""
+
+
+RECOVERY_WINDOW_S = 4.0
+"""Each point of the series is the p90 over requests sent in this many seconds."""
+_RECOVERY_STEP_S = 1.0
+
+
+def recovery(
+    target: str,
+    rate: float,
+    fault: str,
+    outcomes: Sequence[Outcome],
+    window: tuple[float, float, float],
+) -> Recovery:
+    """`window` = (measured from, fault at, measured until), seconds into the run. Recovered:
+    every later window's p90 at most 1.2x the pre-fault p90 plus 50 ms (noise on 2 cores)."""
+    start, fault_s, end = window
+
+    def p90(lo: float, hi: float) -> float | None:
+        ttft = [
+            o.ttft_s
+            for o in outcomes
+            if lo <= o.arrival.at_s < hi and o.error is None and o.ttft_s is not None
+        ]
+        return _pct(ttft, 0.9)
+
+    before = p90(start, fault_s)
+    series: list[tuple[float, float | None]] = []
+    at = fault_s
+    while at + RECOVERY_WINDOW_S <= end:
+        series.append((at - fault_s, p90(at, at + RECOVERY_WINDOW_S)))
+        at += _RECOVERY_STEP_S
+    recovered: float | None = None
+    if before is not None:
+        bound = 1.2 * before + 0.05
+        for index, (offset, _) in enumerate(series):
+            if all(value is not None and value <= bound for _, value in series[index:]):
+                recovered = offset + RECOVERY_WINDOW_S
+                break
+    return Recovery(target, rate, fault, before, tuple(series), recovered)
+
+
+def render_recoveries(recoveries: Sequence[Recovery]) -> str:
+    if not recoveries:
+        return ""
+    lines = [
+        f"Fault run: TTFT p90 per {RECOVERY_WINDOW_S:g}-s window of sends, by seconds after "
+        "the fault; recovered = from the fault to the end of the first window from which every "
+        "window stays within 1.2x the pre-fault p90 + 50 ms.",
+        "",
+        "| target | load req/s | fault | p90 before s | recovered after s | p90 series s |",
+        "|---|--:|---|--:|--:|---|",
+    ]
+    for each in recoveries:
+        series = " ".join(f"{offset:g}:{_s(value)}" for offset, value in each.series)
+        after = "never" if each.recovered_after_s is None else f"{each.recovered_after_s:g}"
+        lines.append(
+            f"| {each.target} | {each.rate:g} | {each.fault} | {_s(each.before_p90)} "
+            f"| {after} | {series} |"
+        )
+    return "\n".join(lines)

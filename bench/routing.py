@@ -11,7 +11,9 @@ Method (the numbers are only as good as this):
   10 ms/token) slowed 4x in prefill and 2x in decode, so the fleet saturates at
   request rates 2 shared cores can generate and serve without the CPU becoming
   the bottleneck. KV events are published with topic "" (vLLM's default; what
-  vllm-router's kv_aware needs); the same engines serve every target.
+  vllm-router's kv_aware needs); the same engines serve every target. Each
+  engine has its own loopback address (127.0.0.11 on) and all share one pair
+  of KV-event ports, as pods do, so a router finds every publisher with one port.
 - Workload (`_workload.py`, seeded): 16 tenants, each a ~2,000-token system
   prompt; short unique questions; 30 % of requests continue a multi-turn chat
   whose history grows; 24 output tokens, streamed. Poisson arrivals, open loop
@@ -22,7 +24,8 @@ Method (the numbers are only as good as this):
   worth of traffic (not measured: the caches fill; counted in requests, not
   seconds, so every load starts the window about as warm), then `--duration` seconds measured.
   Requests still open `--drain` seconds after the last send count as failed.
-- Targets: headcount `round-robin`, `least-loaded`, `prefix`; vllm-router
+- Targets: headcount `round-robin`, `least-loaded`, `prefix`, `kv-aware`
+  (`--tokenizer builtin`, the simulator's, and the engines' KV events); vllm-router
   `cache_aware`, `kv_aware` (static `--kv-event-source`/`--kv-event-replay-source`
   per engine, `--kv-event-model`), `round_robin`; sglang-router `cache_aware`,
   `round_robin`; and `oracle` (`_oracle.py`): asks every engine's
@@ -35,8 +38,10 @@ Method (the numbers are only as good as this):
   each engine's share of the measured requests, generator lag p99.
 
 Usage: `.venv/bin/python bench/routing.py [--quick] [--rates 3,7,11] [--duration S]
-[--warmup N] [--targets a,b] [--require-peers]`; `make bench-routing`. Exit 0 when
-measured, 1 if a headcount target could not be measured, 2 on setup errors. The
+[--warmup N] [--targets a,b] [--require-peers] [--fault restart|gap]`; `make bench-routing`.
+With `--fault`, one engine's event stream breaks a third of the way into each measured
+window and the report adds TTFT p90 over time and when it returned to its pre-fault level.
+Exit 0 when measured, 1 if a headcount target could not be measured, 2 on setup errors. The
 report is printed and written to `bench/out/routing-<timestamp>.md` with the plot
 beside it and in `bench/routing-ttft-p90.png`.
 """
@@ -53,12 +58,13 @@ import platform
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from _harness import (
     BenchError,
+    HttpAnswer,
     Proc,
     Processes,
     free_port,
@@ -68,12 +74,22 @@ from _harness import (
     wait_until,
 )
 from _loadgen import Outcome, run_open_loop
-from _routing_report import Row, highest_load_summary, plot, render_table, summarise
+from _routing_report import (
+    Recovery,
+    Row,
+    highest_load_summary,
+    plot,
+    recovery,
+    render_recoveries,
+    render_table,
+    summarise,
+)
 from _workload import WorkloadShape, arrivals
 
 from headcount.config import DiscoveryMode
 from headcount.routing import RoutingName
 from headcount.sim.cluster import RouterFlags, serve_command
+from headcount.sim.loopback import free_port_on_all
 
 __all__ = ["TARGETS", "main"]
 
@@ -91,14 +107,20 @@ _COUNTER = re.compile(rb"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\} ([0-9.
 
 @dataclass(frozen=True)
 class Engine:
+    """One sim-engine on its own loopback address; all share the KV-event ports, as pods do."""
+
     proc: Proc
+    host: str
     port: int
     events_port: int
     replay_port: int
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> HttpAnswer | None:
+        return http_call(self.port, method, path, body, host=self.host)
 
 
 @dataclass(frozen=True)
@@ -112,10 +134,14 @@ class Target:
 
 
 def _headcount(policy: RoutingName, port: int, _: int, engines: Sequence[Engine]) -> list[str]:
+    kv_aware = policy is RoutingName.KV_AWARE
     flags = RouterFlags(
         discovery=DiscoveryMode.STATIC,
         backends=tuple(engine.url for engine in engines),
         routing=policy,
+        tokenizer="builtin" if kv_aware else None,
+        kv_events_port=engines[0].events_port if kv_aware else None,
+        kv_events_replay_port=engines[0].replay_port if kv_aware else None,
     )
     return serve_command(flags, host="127.0.0.1", port=port, program=(str(VENV_BIN / "headcount"),))
 
@@ -127,10 +153,10 @@ def _vllm_router(policy: str, port: int, metrics: int, engines: Sequence[Engine]
     argv += ["--log-level", "warning"]
     if policy == "kv_aware":
         for engine in engines:
-            argv += ["--kv-event-source", f"{engine.url}=tcp://127.0.0.1:{engine.events_port}"]
+            argv += ["--kv-event-source", f"{engine.url}=tcp://{engine.host}:{engine.events_port}"]
             argv += [
                 "--kv-event-replay-source",
-                f"{engine.url}=tcp://127.0.0.1:{engine.replay_port}",
+                f"{engine.url}=tcp://{engine.host}:{engine.replay_port}",
             ]
         argv += ["--kv-event-model", MODEL]
     return argv
@@ -162,6 +188,7 @@ TARGETS: tuple[Target, ...] = (
     _hc(RoutingName.ROUND_ROBIN),
     _hc(RoutingName.LEAST_LOADED),
     _hc(RoutingName.PREFIX),
+    _hc(RoutingName.KV_AWARE),
     _peer("vllm-router", PEERS_BIN / "vllm-router", _vllm_router, "cache_aware"),
     _peer("vllm-router", PEERS_BIN / "vllm-router", _vllm_router, "kv_aware"),
     _peer("vllm-router", PEERS_BIN / "vllm-router", _vllm_router, "round_robin"),
@@ -181,6 +208,18 @@ class Settings:
     require_peers: bool
     out_dir: Path
     shape: WorkloadShape
+    fault: str | None = None
+    """Inject this event-stream fault (`FAULTS`) into the first engine a third of the way
+    into each measured window, and report TTFT's recovery."""
+
+
+FAULTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
+    "restart": ({"restart": True}, {}),
+    "gap": ({"drop": 3, "replay": False}, {"replay": True}),
+}
+"""Per fault, the `/sim/kv-events` body that injects it and the one that undoes it after
+the run: `restart` is a new engine process (empty cache, sequence from 0), `gap` loses
+three batches and leaves replay unanswered, so no subscriber can fill the gap."""
 
 
 def _say(line: str) -> None:
@@ -192,19 +231,20 @@ def _say(line: str) -> None:
 
 def start_engines(procs: Processes) -> list[Engine]:
     engines = []
-    for index in range(1, ENGINES + 1):
-        port, events, replay = free_port(), free_port(), free_port()
-        argv = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
+    addresses = [f"127.0.0.{10 + index}" for index in range(1, ENGINES + 1)]
+    events, replay = free_port_on_all(addresses), free_port_on_all(addresses)
+    for index, host in enumerate(addresses, start=1):
+        port = free_port_on_all([host])
+        argv = [sys.executable, "-m", "headcount.sim.engine", "--host", host]
         argv += ["--port", str(port), "--model", MODEL, "--token-delay", str(TOKEN_DELAY_S)]
         argv += ["--kv-blocks", str(KV_BLOCKS), "--prefill-tokens-per-s", str(PREFILL_TOKENS_PER_S)]
         argv += ["--kv-events-port", str(events), "--kv-events-replay-port", str(replay)]
         argv += ["--kv-events-topic", "", "--name", f"engine-{index}"]
-        engines.append(
-            Engine(procs.start(f"engine-{index}", argv, port=port), port, events, replay)
-        )
+        proc = procs.start(f"engine-{index}", argv, port=port)
+        engines.append(Engine(proc, host, port, events, replay))
     for engine in engines:
         wait_until(
-            lambda e=engine: http_call(e.port, "GET", "/health") is not None,
+            lambda e=engine: e.call("GET", "/health") is not None,
             30,
             f"{engine.proc.name} to answer",
             engine.proc,
@@ -213,7 +253,7 @@ def start_engines(procs: Processes) -> list[Engine]:
 
 
 def _idle(engine: Engine) -> bool:
-    answer = http_call(engine.port, "GET", "/sim/kv-cache")
+    answer = engine.call("GET", "/sim/kv-cache")
     if answer is None or not answer.ok:
         return False
     view = json.loads(answer.body)
@@ -226,8 +266,7 @@ def reset_caches(engines: Sequence[Engine]) -> None:
         wait_until(functools.partial(_idle, engine), 60, f"{engine.proc.name} to go idle")
         wait_until(
             lambda e=engine: (
-                (a := http_call(e.port, "POST", "/sim/reset_prefix_cache", b"{}")) is not None
-                and a.ok
+                (a := e.call("POST", "/sim/reset_prefix_cache", b"{}")) is not None and a.ok
             ),
             30,
             f"{engine.proc.name} to reset its prefix cache",
@@ -238,7 +277,7 @@ def counters(engines: Sequence[Engine]) -> tuple[float, float]:
     """Summed (hits, queries) prefix-cache tokens of the fleet, from each engine's /metrics."""
     hits = queries = 0.0
     for engine in engines:
-        answer = http_call(engine.port, "GET", "/metrics")
+        answer = engine.call("GET", "/metrics")
         if answer is None or not answer.ok:
             raise BenchError(f"{engine.proc.name}: /metrics did not answer")
         for kind, value in _COUNTER.findall(answer.body):
@@ -252,7 +291,7 @@ def counters(engines: Sequence[Engine]) -> tuple[float, float]:
 def served(engines: Sequence[Engine]) -> list[int]:
     counts = []
     for engine in engines:
-        answer = http_call(engine.port, "GET", "/sim/stats")
+        answer = engine.call("GET", "/sim/stats")
         counts.append(int(json.loads(answer.body)["served"]) if answer and answer.ok else 0)
     return counts
 
@@ -293,7 +332,9 @@ def measure(
     port: int,
     engines: Sequence[Engine],
     settings: Settings,
+    recoveries: list[Recovery],
 ) -> Row:
+    """One measured run; with `settings.fault`, its recovery is appended to `recoveries`."""
     reset_caches(engines)
     warmup_s = settings.warmup_requests / rate
     schedule = arrivals(settings.shape, MODEL, rate, warmup_s + settings.duration_s)
@@ -304,14 +345,30 @@ def measure(
         marks["cpu"] = tree_cpu_seconds(router.pid)
         marks["served"] = served(engines)
 
+    marks: list[tuple[float, Callable[[], Awaitable[None]]]] = [(warmup_s, at_window_start)]
+    fault_s = warmup_s + settings.duration_s / 3
+    if settings.fault is not None:
+        inject, undo = (json.dumps(body).encode() for body in FAULTS[settings.fault])
+
+        async def at_fault() -> None:
+            if engines[0].call("POST", "/sim/kv-events", inject) is None:
+                raise BenchError(f"{engines[0].proc.name}: the fault was not injected")
+
+        marks.append((fault_s, at_fault))
     outcomes: list[Outcome] = asyncio.run(
-        run_open_loop(
-            f"http://127.0.0.1:{port}",
-            schedule,
-            settings.drain_s,
-            (warmup_s, at_window_start),
-        )
+        run_open_loop(f"http://127.0.0.1:{port}", schedule, settings.drain_s, marks)
     )
+    if settings.fault is not None:
+        engines[0].call("POST", "/sim/kv-events", undo)
+        recoveries.append(
+            recovery(
+                target.name,
+                rate,
+                settings.fault,
+                outcomes,
+                (warmup_s, fault_s, warmup_s + settings.duration_s),
+            )
+        )
     if not router.alive():
         raise BenchError(f"{router.name} exited:\n{router.log_tail()}")
     hits, queries = counters(engines)
@@ -327,13 +384,17 @@ def measure(
 
 
 def run_target(
-    procs: Processes, target: Target, engines: Sequence[Engine], settings: Settings
+    procs: Processes,
+    target: Target,
+    engines: Sequence[Engine],
+    settings: Settings,
+    recoveries: list[Recovery],
 ) -> list[Row]:
     router, port = start_router(procs, target, engines, settings.shape)
     rows = []
     try:
         for rate in settings.rates:
-            row = measure(target, rate, router, port, engines, settings)
+            row = measure(target, rate, router, port, engines, settings, recoveries)
             _say(
                 f"{target.name:<26} {rate:5g} req/s: TTFT p50 {row.ttft_p50} p90 {row.ttft_p90} "
                 f"hit {row.hit_rate} failed {row.failed}/{row.sent} lag p99 {row.lag_p99_ms:.1f} ms"
@@ -374,6 +435,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-netns", action="store_true", help="stay in the host's network namespace"
     )
+    parser.add_argument(
+        "--fault",
+        choices=sorted(FAULTS),
+        help="inject this KV-event stream fault into one engine a third into each window "
+        "and report TTFT's recovery (use a longer --duration, e.g. 36)",
+    )
     return parser.parse_args(argv)
 
 
@@ -400,11 +467,17 @@ def _settings(args: argparse.Namespace) -> Settings:
         require_peers=args.require_peers,
         out_dir=args.out,
         shape=WorkloadShape(),
+        fault=args.fault,
     )
 
 
 def _report(
-    rows: Sequence[Row], skipped: dict[str, str], settings: Settings, started: str, took_s: float
+    rows: Sequence[Row],
+    recoveries: Sequence[Recovery],
+    skipped: dict[str, str],
+    settings: Settings,
+    started: str,
+    took_s: float,
 ) -> str:
     shape = settings.shape
     notes = [f"- {name} not measured: {reason}" for name, reason in skipped.items()]
@@ -427,6 +500,8 @@ def _report(
             "",
             highest_load_summary(rows),
             "",
+            render_recoveries(recoveries),
+            "",
         ]
     )
 
@@ -436,18 +511,24 @@ def _run(settings: Settings) -> int:
     stamp = started.strftime("%Y%m%d-%H%M%S")
     log_dir = settings.out_dir / f"routing-{stamp}-logs"
     rows: list[Row] = []
+    recoveries: list[Recovery] = []
     skipped: dict[str, str] = {}
     began = time.monotonic()
     with Processes(log_dir) as procs:
         engines = start_engines(procs)
         for target in settings.targets:
             try:
-                rows += run_target(procs, target, engines, settings)
+                rows += run_target(procs, target, engines, settings, recoveries)
             except BenchError as error:
                 skipped[target.name] = str(error).splitlines()[0]
                 _say(f"{target.name} not measured: {error}")
     report = _report(
-        rows, skipped, settings, started.strftime("%Y-%m-%d %H:%M"), time.monotonic() - began
+        rows,
+        recoveries,
+        skipped,
+        settings,
+        started.strftime("%Y-%m-%d %H:%M"),
+        time.monotonic() - began,
     )
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     (settings.out_dir / f"routing-{stamp}.md").write_text(report)

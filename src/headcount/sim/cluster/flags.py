@@ -39,6 +39,8 @@ class Timings:
     discovery_dead_after: float | None = None
     drain_delay: float | None = None
     drain_timeout: float | None = None
+    kv_events_idle_timeout: float | None = None
+    kv_events_replay_timeout: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +56,9 @@ class RouterFlags:
     routing: RoutingName | None = None
     grpc_health_port: int | None = None
     ready_requires_fresh: bool = False
+    tokenizer: str | None = None
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
     timings: Timings = field(default_factory=Timings)
 
     def argv(self) -> list[str]:
