@@ -1,0 +1,295 @@
+"""The registry of engine indexes: it follows the fleet, and each engine's stream moves its trust.
+
+Subscribers are fakes that hand over their sink, so a test plays the stream's
+part (connected, batches, gaps, clears) on a fake clock, and plays the
+engine's scrape through the fleet's `apply_probe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from headcount.fleet import EngineSpec, Fleet, ProbeResult
+from headcount.kvevents import BlockRemoved, BlockStored, EventBatch, KvEvent
+from headcount.kvindex.keys import block_keys
+from headcount.kvindex.registry import KvIndexes
+from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
+from headcount.kvindex.trust import IndexTrust
+from headcount.vllm_load import VllmLoad
+from tests.support import wait_until_async
+
+__all__: list[str] = []
+
+BLOCK = 4
+PROMPT = list(range(16))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSubscriber:
+    """Stands for one engine's subscriber: runs until cancelled; `crash` makes the next raise."""
+
+    started: list[FakeSubscriber] = []
+    crash = False
+
+    def __init__(self, target: SubscriberTarget, sink: StreamSink) -> None:
+        self.target, self.sink = target, sink
+        self.cancelled = False
+
+    async def run(self) -> None:
+        FakeSubscriber.started.append(self)
+        if FakeSubscriber.crash:
+            FakeSubscriber.crash = False
+            raise RuntimeError("boom")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.cancelled = True
+
+
+def spec(name: str, url: str, **fields: object) -> EngineSpec:
+    return EngineSpec(id=name, name=name, url=url, source="static", **fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
+    FakeSubscriber.started = []
+    clock = FakeClock()
+    fleet = Fleet(unhealthy_after=1, clock=clock)
+    indexes = KvIndexes(
+        fleet,
+        subscriber=FakeSubscriber,
+        port=5557,
+        replay_port=5558,
+        topic="",
+        idle_timeout=10.0,
+        replay_timeout=2.0,
+        clock=clock,
+        rebuild_window=30.0,
+        check_window=30.0,
+        tick=3600.0,
+    )
+    fleet.reconcile("static", [spec("a", "http://10.0.0.1:8000")])
+    indexes.start()
+    try:
+        yield fleet, indexes, clock
+    finally:
+        await indexes.close()
+
+
+async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
+    async def started() -> bool:
+        return any(engine_url_host in s.target.endpoint for s in FakeSubscriber.started)
+
+    await wait_until_async(started, timeout=5, what=f"a subscriber for {engine_url_host}")
+    return next(s for s in FakeSubscriber.started if engine_url_host in s.target.endpoint)
+
+
+def batch(*events: KvEvent) -> EventBatch:
+    return EventBatch(0.0, list(events))
+
+
+STORE = BlockStored([1, 2, 3, 4], None, PROMPT, BLOCK)
+KEYS = block_keys(PROMPT, BLOCK, None)
+
+
+async def test_each_engine_gets_a_subscriber_on_its_host_with_annotated_or_default_ports(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, _, _ = world
+    fleet.upsert(spec("b", "http://[fd00::2]:8000", kv_events_port=6000))
+    a, b = await subscriber_of("10.0.0.1"), await subscriber_of("fd00::2")
+    assert a.target == SubscriberTarget("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558", "", 2.0)
+    assert (b.target.endpoint, b.target.replay_endpoint) == (
+        "tcp://[fd00::2]:6000",
+        "tcp://[fd00::2]:5558",
+    )
+
+
+async def test_a_removed_engine_leaves_nothing_behind(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    a = await subscriber_of("10.0.0.1")
+    a.sink.connected(True)
+    a.sink.batch(0, batch(STORE))
+    indexes.routed("a", 16, 12)
+    assert indexes.match("a", KEYS) == 4
+    fleet.reconcile("static", [])
+    await wait_until_async(lambda: _true(a.cancelled), timeout=5, what="the subscriber cancelled")
+    assert indexes.views() == {}
+    assert indexes.match("a", KEYS) is None
+    assert indexes.block_size("a") is None
+    assert indexes._engines == {}
+
+
+async def test_new_ports_mean_a_new_subscriber_and_an_empty_index(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    old = await subscriber_of("10.0.0.1")
+    old.sink.connected(True)
+    old.sink.batch(0, batch(STORE))
+    fleet.upsert(spec("a", "http://10.0.0.1:8000", kv_events_port=7000))
+    indexes.tick()
+    new = await subscriber_of(":7000")
+    await wait_until_async(lambda: _true(old.cancelled), timeout=5, what="the old one cancelled")
+    new.sink.connected(True)
+    assert indexes.match("a", KEYS) == 0
+
+
+async def test_events_build_the_index_and_routing_reads_it_while_usable(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    assert indexes.match("a", KEYS) is None  # off: no publisher yet
+    sink.connected(True)
+    sink.batch(0, batch(STORE, BlockRemoved([3])))
+    assert indexes.match("a", KEYS) == 2
+    assert indexes.block_size("a") == BLOCK
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.events_applied) == (IndexTrust.SYNCED, 3, 2)
+
+
+async def test_overdue_events_make_it_stale_and_a_batch_makes_it_synced_again(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.batch(0, batch(STORE))
+    indexes.prefilled("a", 0)
+    clock.now += 60
+    indexes.tick()
+    assert indexes.match("a", KEYS) == 4  # nothing new was stored: no event was due
+    indexes.prefilled("a", 2)
+    clock.now += 9
+    indexes.tick()
+    assert indexes.match("a", KEYS) == 4
+    clock.now += 2
+    indexes.tick()
+    assert indexes.match("a", KEYS) is None
+    view = indexes.view("a")
+    assert view is not None and view.trust is IndexTrust.STALE
+    sink.batch(1, batch())
+    assert indexes.match("a", KEYS) == 4
+
+
+async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.batch(0, batch(STORE))
+    sink.gap(1, 5)
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    assert indexes.match("a", KEYS) == 4  # rebuilding: true, maybe incomplete, still used
+    sink.replayed(False)
+    sink.clear(ClearReason.GAP)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 0)
+    clock.now += 29
+    indexes.tick()
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    clock.now += 1
+    indexes.tick()
+    assert _trust(indexes) is IndexTrust.SYNCED
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.gaps, view.replays_failed, view.clears[ClearReason.GAP]) == (1, 1, 1)
+
+
+async def test_a_restart_empties_the_index_and_leaves_it_synced(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.batch(0, batch(STORE))
+    sink.clear(ClearReason.RESTART)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
+
+
+async def test_more_blocks_than_the_engine_advertises_is_an_overflow(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(kv_capacity_blocks=3)))
+    indexes.tick()
+    sink.batch(0, batch(STORE))
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.capacity) == (IndexTrust.REBUILDING, 0, 3)
+    assert view.clears[ClearReason.OVERFLOW] == 1
+
+
+async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, clock = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.batch(0, batch(STORE))
+
+    def scrape(hits: float) -> None:
+        fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(prefix_cache_hits=hits)))
+        indexes.tick()
+
+    scrape(100)
+    for _ in range(8):
+        indexes.routed("a", 16, 12)
+    clock.now += 31
+    scrape(100 + 96 / 2 - 2 * BLOCK)  # just enough: agrees
+    assert _trust(indexes) is IndexTrust.SYNCED
+    for _ in range(8):
+        indexes.routed("a", 16, 12)
+    clock.now += 31
+    scrape(141 + 10)
+    view = indexes.view("a")
+    assert view is not None and view.trust is IndexTrust.STALE
+    assert "the index predicted 96" in view.reason
+    assert (view.blocks, view.clears[ClearReason.DISAGREEMENT]) == (0, 1)
+    assert indexes.match("a", KEYS) is None
+    for _ in range(8):
+        indexes.routed("a", 16, 0)
+    clock.now += 31
+    scrape(151)
+    assert indexes.match("a", KEYS) == 0  # usable again, and empty: the rebuild window passed
+    assert _trust(indexes) is IndexTrust.SYNCED
+    assert view.predicted_hit_tokens == 192
+
+
+async def test_a_crashed_subscriber_is_started_again(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, _, _ = world
+    FakeSubscriber.crash = True
+    fleet.upsert(spec("c", "http://10.0.0.3:8000"))
+
+    async def twice() -> bool:
+        return sum("10.0.0.3" in s.target.endpoint for s in FakeSubscriber.started) == 2
+
+    await wait_until_async(twice, timeout=5, what="the subscriber started again")
+
+
+def _trust(indexes: KvIndexes) -> IndexTrust:
+    view = indexes.view("a")
+    assert view is not None
+    return view.trust
+
+
+async def _true(value: bool) -> bool:
+    return value
