@@ -5,8 +5,8 @@ prompts whose system prompt repeats. Each request here is a chat: one of a few
 tenants' system prompts (about 2,500 tokens, so after its first use it comes
 from the tokenizer's segment cache) and a fresh user message (about 500 tokens,
 never seen before, encoded in full). A decision is `tokens.prompt_ids` then
-`KvAware.select` over `--engines` candidates whose index (a dict per engine, as
-`kvindex` keeps) holds the tenant's prefix on one of them: keys computed once
+`KvAware.select` over `--engines` candidates whose index (`kvindex`'s
+`EngineIndex`) holds the tenant's prefix on one of them: keys computed once
 per block size, one lookup per block per engine until the first miss.
 
 Usage: `.venv/bin/python bench/kv_route_cost.py [--tokenizer DIR|builtin]
@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState
-from headcount.kvindex.keys import BlockKey, block_keys
+from headcount.kvevents import BlockStored
+from headcount.kvindex.index import EngineIndex
+from headcount.kvindex.keys import BlockKey
 from headcount.kvroute import KvAware, KvRouting
 from headcount.routing import RequestFeatures
 from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
@@ -33,20 +35,26 @@ MODEL = "sim-model"
 BLOCK_SIZE = 16
 
 
-class DictIndex:
-    """Held block keys per engine: what `match` costs in the real index, and no more."""
+class Indexes:
+    """One real `EngineIndex` per engine, fed one stored event per tenant: `KvIndexes`'
+    `match` without the registry around it."""
 
     def __init__(self) -> None:
-        self.held: dict[str, set[BlockKey]] = {}
+        self.by_engine: dict[str, EngineIndex] = {}
+
+    def store(self, engine_id: str, ids: Sequence[int]) -> None:
+        blocks = len(ids) // BLOCK_SIZE
+        event = BlockStored(
+            [hash((engine_id, n, tuple(ids[:BLOCK_SIZE]))) for n in range(blocks)],
+            None,
+            list(ids[: blocks * BLOCK_SIZE]),
+            BLOCK_SIZE,
+        )
+        self.by_engine.setdefault(engine_id, EngineIndex()).apply(event)
 
     def match(self, engine_id: str, keys: Sequence[BlockKey]) -> int | None:
-        held = self.held.get(engine_id, set())
-        count = 0
-        for key in keys:
-            if key not in held:
-                break
-            count += 1
-        return count
+        index = self.by_engine.get(engine_id)
+        return 0 if index is None else index.match(keys)
 
     def block_size(self, engine_id: str) -> int | None:
         return BLOCK_SIZE
@@ -63,23 +71,24 @@ def words(rng: random.Random, count: int) -> str:
     return " ".join("".join(rng.choices(letters, k=rng.randint(2, 8))) for _ in range(count))
 
 
+def text_of(rng: random.Random, tokenizer: ChatTokenizer, tokens: int, step: int) -> str:
+    """Random words, `step` at a time, until they encode to at least `tokens` tokens."""
+    text = ""
+    while len(tokenizer.encode(text, add_special_tokens=False)) < tokens:
+        text += words(rng, step) + "\n"
+    return text
+
+
 def bodies(
     rng: random.Random, tokenizer: ChatTokenizer, count: int
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """`count` chats over 4 tenants' system prompts, each about 3,000 tokens in all."""
-    systems = []
-    for _ in range(4):
-        text, size = "", 0
-        while size < 2500:
-            text += words(rng, 100) + "\n"
-            size = len(tokenizer.encode(text, add_special_tokens=False))
-        systems.append(text)
+    systems = [text_of(rng, tokenizer, 2500, 100) for _ in range(4)]
     chats = []
     for _ in range(count):
-        system = rng.choice(systems)
         messages = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": words(rng, 480)},
+            {"role": "system", "content": rng.choice(systems)},
+            {"role": "user", "content": text_of(rng, tokenizer, 500, 20)},
         ]
         chats.append({"model": MODEL, "messages": messages})
     return chats, systems
@@ -96,7 +105,7 @@ def main() -> None:
         builtin_tokenizer() if args.tokenizer == "builtin" else load_tokenizer(args.tokenizer)
     )
     rng = random.Random(10)
-    index = DictIndex()
+    index = Indexes()
     engines = [
         Engine(
             EngineSpec(id=f"e{n}", name=f"e{n}", url=f"http://e{n}", source="static"),
@@ -110,8 +119,7 @@ def main() -> None:
     chats, systems = bodies(rng, tokenizer, args.requests * (args.repeats + 1))
     for number, system in enumerate(systems):  # each tenant's prefix held by one engine
         ids = prompt_ids({"messages": [{"role": "system", "content": system}]}, "chat", tokenizer)
-        keys = block_keys(ids, BLOCK_SIZE, None)
-        index.held.setdefault(engines[number % len(engines)].id, set()).update(keys)
+        index.store(engines[number % len(engines)].id, ids)
     for body in chats[: args.requests]:  # warm the segment cache with the system prompts
         prompt_ids(body, "chat", tokenizer)
     tokenize_us: list[float] = []

@@ -25,7 +25,9 @@ Method (the numbers are only as good as this):
   seconds, so every load starts the window about as warm), then `--duration` seconds measured.
   Requests still open `--drain` seconds after the last send count as failed.
 - Targets: headcount `round-robin`, `least-loaded`, `prefix`, `kv-aware`
-  (`--tokenizer builtin`, the simulator's, and the engines' KV events); vllm-router
+  (`--tokenizer builtin`, the simulator's, and the engines' KV events) and
+  `kv-aware /tokenize` (no tokenizer: each request's ids from an engine's
+  `POST /tokenize`); vllm-router
   `cache_aware`, `kv_aware` (static `--kv-event-source`/`--kv-event-replay-source`
   per engine, `--kv-event-model`), `round_robin`; sglang-router `cache_aware`,
   `round_robin`; and `oracle` (`_oracle.py`): asks every engine's
@@ -133,13 +135,15 @@ class Target:
     peer: bool = False
 
 
-def _headcount(policy: RoutingName, port: int, _: int, engines: Sequence[Engine]) -> list[str]:
+def _headcount(
+    policy: RoutingName, tokenizer: str | None, port: int, _: int, engines: Sequence[Engine]
+) -> list[str]:
     kv_aware = policy is RoutingName.KV_AWARE
     flags = RouterFlags(
         discovery=DiscoveryMode.STATIC,
         backends=tuple(engine.url for engine in engines),
         routing=policy,
-        tokenizer="builtin" if kv_aware else None,
+        tokenizer=tokenizer,
         kv_events_port=engines[0].events_port if kv_aware else None,
         kv_events_replay_port=engines[0].replay_port if kv_aware else None,
     )
@@ -174,9 +178,11 @@ def _oracle(port: int, _: int, engines: Sequence[Engine]) -> list[str]:
     return [sys.executable, str(BENCH / "_oracle.py"), "--port", str(port), "--engines", urls]
 
 
-def _hc(policy: RoutingName) -> Target:
+def _hc(policy: RoutingName, tokenizer: str | None = None, suffix: str = "") -> Target:
     return Target(
-        f"headcount {policy.value}", VENV_BIN / "headcount", functools.partial(_headcount, policy)
+        f"headcount {policy.value}{suffix}",
+        VENV_BIN / "headcount",
+        functools.partial(_headcount, policy, tokenizer),
     )
 
 
@@ -188,7 +194,8 @@ TARGETS: tuple[Target, ...] = (
     _hc(RoutingName.ROUND_ROBIN),
     _hc(RoutingName.LEAST_LOADED),
     _hc(RoutingName.PREFIX),
-    _hc(RoutingName.KV_AWARE),
+    _hc(RoutingName.KV_AWARE, "builtin"),
+    _hc(RoutingName.KV_AWARE, None, " /tokenize"),
     _peer("vllm-router", PEERS_BIN / "vllm-router", _vllm_router, "cache_aware"),
     _peer("vllm-router", PEERS_BIN / "vllm-router", _vllm_router, "kv_aware"),
     _peer("vllm-router", PEERS_BIN / "vllm-router", _vllm_router, "round_robin"),

@@ -59,6 +59,8 @@ def test_every_timing_reaches_the_setting_its_flag_names() -> None:
         discovery_dead_after=7,
         drain_delay=0,
         drain_timeout=4,
+        kv_events_idle_timeout=3,
+        kv_events_replay_timeout=0.7,
     )
     assert all(getattr(timings, f.name) is not None for f in dataclasses.fields(Timings)), (
         "a timing this test leaves unset is a flag nobody checked"
@@ -76,6 +78,8 @@ def test_every_timing_reaches_the_setting_its_flag_names() -> None:
     health = settings.health
     assert (health.discovery_stale_after, health.discovery_dead_after) == (2.5, 7)
     assert (health.drain_delay, health.drain_timeout) == (0, 4)
+    kv = settings.kv_events
+    assert (kv.idle_timeout, kv.replay_timeout) == (3, 0.7)
 
 
 def test_discovery_routing_and_health_flags_reach_their_settings(tmp_path: Path) -> None:
@@ -87,9 +91,12 @@ def test_discovery_routing_and_health_flags_reach_their_settings(tmp_path: Path)
         namespace="llm",
         label_selector="app=engine,tier=gpu",
         engine_port=8123,
-        routing=RoutingName.ROUND_ROBIN,
+        routing=RoutingName.KV_AWARE,
         grpc_health_port=9123,
         ready_requires_fresh=True,
+        tokenizer="builtin",
+        kv_events_port=6557,
+        kv_events_replay_port=6558,
     )
 
     settings = parsed(serve_command(flags, host="127.0.0.3", port=8081))
@@ -100,8 +107,10 @@ def test_discovery_routing_and_health_flags_reach_their_settings(tmp_path: Path)
     assert (discovery.mode, discovery.kubeconfig) == (DiscoveryMode.K8S_PODS, kubeconfig)
     assert (discovery.namespace, discovery.label_selector) == ("llm", "app=engine,tier=gpu")
     assert discovery.engine_port == 8123
-    assert settings.proxy.routing is RoutingName.ROUND_ROBIN
+    assert settings.proxy.routing is RoutingName.KV_AWARE
     assert settings.health.ready_requires_fresh
+    kv = settings.kv_events
+    assert (kv.tokenizer, kv.port, kv.replay_port) == ("builtin", 6557, 6558)
 
 
 def test_what_the_caller_leaves_out_keeps_the_routers_defaults() -> None:

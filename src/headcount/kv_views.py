@@ -52,7 +52,7 @@ class IndexStatus(Protocol):
 
     @property
     def reported_hit_tokens(self) -> float | None:
-        """The engine's own prefix-cache hits over the same span; None while unknown."""
+        """The engine's own `vllm:prefix_cache_hits_total` as last scraped; None while unknown."""
 
 
 KvViews = Callable[[], Mapping[str, IndexStatus]]

@@ -291,7 +291,7 @@ _KV_PER_ENGINE: tuple[
     (
         CounterMetricFamily,
         "headcount_kv_events_applied",
-        "KV-event batches applied to the engine's index.",
+        "KV events applied to the engine's index.",
         lambda view: view.events_applied,
     ),
     (
@@ -315,8 +315,8 @@ _KV_PER_ENGINE: tuple[
     (
         CounterMetricFamily,
         "headcount_kv_engine_reported_hit_tokens",
-        "Prefix-cache hit tokens the engine itself reported over the same span (absent while "
-        "unknown).",
+        "The engine's own vllm:prefix_cache_hits_total as last scraped, every router's traffic "
+        "(absent while unknown).",
         lambda view: view.reported_hit_tokens,
     ),
 )
