@@ -76,7 +76,7 @@ class _Tracked(StreamSink):
         self._owner = owner
         self.index = EngineIndex()
         self.facts = TrustFacts(endpoint=target.endpoint)
-        self.trust, self.reason = IndexTrust.OFF, f"no publisher reached at {target.endpoint}"
+        self.trust, self.reason = self._evaluate()
         self.task: asyncio.Task[None] | None = None
         self.last_event_at: float | None = None
         self.events_applied = self.gaps = self.replays_filled = self.replays_failed = 0
@@ -131,14 +131,17 @@ class _Tracked(StreamSink):
         else:
             facts.cleared_incomplete_at = facts.unknown_parent_at = None
 
-    def refresh(self) -> None:
+    def _evaluate(self) -> tuple[IndexTrust, str]:
         owner = self._owner
-        trust, reason = evaluate(
+        return evaluate(
             self.facts,
             owner.now(),
             idle_timeout=owner.idle_timeout,
             rebuild_window=owner.rebuild_window,
         )
+
+    def refresh(self) -> None:
+        trust, reason = self._evaluate()
         if trust is not self.trust:
             level = logging.WARNING if not trust.usable else logging.INFO
             _log.log(level, "kv index of %s: %s -> %s (%s)", self.name, self.trust, trust, reason)
