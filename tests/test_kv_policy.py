@@ -51,8 +51,8 @@ class FakeIndex:
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         self.calls.append(("routed", engine_id, prompt_tokens, predicted_cached_tokens))
 
-    def prefilled(self, engine_id: str, new_blocks: int) -> None:
-        self.calls.append(("prefilled", engine_id, new_blocks))
+    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
+        self.calls.append(("prefilled", engine_id, new_blocks, predicted_cached_tokens))
 
 
 def engine(name: str, adapters: Sequence[str] = (), **load: float) -> Engine:
@@ -187,7 +187,7 @@ def test_dispatch_queues_the_uncached_tokens_and_tells_the_index() -> None:
     assert request.cached(target) == 40
     assert request.dispatch(target) == 60 and target.load.prefill_queued == 60
     request.prefilled(target)
-    assert index.calls == [("routed", "a", 100, 40), ("prefilled", "a", 25 - 10)]
+    assert index.calls == [("routed", "a", 100, 40), ("prefilled", "a", 25 - 10, 40)]
     assert request.receipt(target) == b"x-headcount-engine: a\r\nx-headcount-cached-tokens: 40\r\n"
 
 

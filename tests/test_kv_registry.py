@@ -122,7 +122,7 @@ async def test_a_removed_engine_leaves_nothing_behind(
     a = await subscriber_of("10.0.0.1")
     a.sink.connected(True)
     a.sink.batch(0, batch(STORE))
-    indexes.routed("a", 16, 12)
+    answered(indexes, 12)
     assert indexes.match("a", KEYS) == 4
     fleet.reconcile("static", [])
     await wait_until_async(lambda: _true(a.cancelled), timeout=5, what="the subscriber cancelled")
@@ -169,11 +169,11 @@ async def test_overdue_events_make_it_stale_and_a_batch_makes_it_synced_again(
     sink = (await subscriber_of("10.0.0.1")).sink
     sink.connected(True)
     sink.batch(0, batch(STORE))
-    indexes.prefilled("a", 0)
+    indexes.prefilled("a", 0, 0)
     clock.now += 60
     indexes.tick()
     assert indexes.match("a", KEYS) == 4  # nothing new was stored: no event was due
-    indexes.prefilled("a", 2)
+    indexes.prefilled("a", 2, 0)
     clock.now += 9
     indexes.tick()
     assert indexes.match("a", KEYS) == 4
@@ -250,12 +250,12 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
 
     scrape(100)
     for _ in range(8):
-        indexes.routed("a", 16, 12)
+        answered(indexes, 12)
     clock.now += 31
     scrape(100 + 96 / 2 - 2 * BLOCK)  # just enough: agrees
     assert _trust(indexes) is IndexTrust.SYNCED
     for _ in range(8):
-        indexes.routed("a", 16, 12)
+        answered(indexes, 12)
     clock.now += 31
     scrape(141 + 10)
     view = indexes.view("a")
@@ -264,7 +264,7 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
     assert (view.blocks, view.clears[ClearReason.DISAGREEMENT]) == (0, 1)
     assert indexes.match("a", KEYS) is None
     for _ in range(8):
-        indexes.routed("a", 16, 0)
+        answered(indexes, 0)
     clock.now += 31
     scrape(151)
     assert indexes.match("a", KEYS) == 0  # usable again, and empty: the rebuild window passed
@@ -283,6 +283,12 @@ async def test_a_crashed_subscriber_is_started_again(
         return sum("10.0.0.3" in s.target.endpoint for s in FakeSubscriber.started) == 2
 
     await wait_until_async(twice, timeout=5, what="the subscriber started again")
+
+
+def answered(indexes: KvIndexes, predicted: int) -> None:
+    """A request routed to engine a, with `predicted` tokens cached, got its first byte."""
+    indexes.routed("a", 16, predicted)
+    indexes.prefilled("a", 0, predicted)
 
 
 def _trust(indexes: KvIndexes) -> IndexTrust:

@@ -12,16 +12,17 @@ changed), applies each engine's advertised capacity and checks the engine's
 own prefix-cache hit counter against what the index predicted:
 
 - Over a window of at least `check_window` seconds and `min_requests`
-  requests routed to the engine, the engine's hits must reach half of the
-  tokens the index predicted cached, less two blocks. Other routers' traffic
-  only adds hits, so only over-prediction counts; half absorbs the scrape
-  lag (a probe interval) and blocks evicted between routing and admission.
+  requests the engine answered (so it counted their hits), its hits must
+  reach half of the tokens the index predicted cached for them, less two
+  blocks. Other routers' traffic only adds hits, so only over-prediction
+  counts; half absorbs the scrape lag (a probe interval) and blocks evicted
+  between routing and admission.
   Below that the index is wrong: it is cleared (`disagreement`) and stale
   until a window agrees. An engine whose counter went backwards restarted:
   the window starts again.
 
 Routing reads `match` (None for an unusable index), `block_size`, and tells
-`routed` (at dispatch) and `prefilled` (at the first byte); all are O(1) but
+`routed` (at dispatch) and `prefilled` (at a 2xx first byte); all are O(1) but
 `match`, O(the request's blocks).
 """
 
@@ -234,12 +235,15 @@ class KvIndexes:
         tracked = self._engines.get(engine_id)
         if tracked is not None:
             tracked.predicted_hit_tokens += predicted_cached_tokens
-            tracked.window.predicted += predicted_cached_tokens
-            tracked.window.requests += 1
 
-    def prefilled(self, engine_id: str, new_blocks: int) -> None:
+    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
+        """Only requests the engine admitted (it answered) are held against its hit counter."""
         tracked = self._engines.get(engine_id)
-        if tracked is not None and new_blocks > 0 and tracked.facts.awaiting_since is None:
+        if tracked is None:
+            return
+        tracked.window.predicted += predicted_cached_tokens
+        tracked.window.requests += 1
+        if new_blocks > 0 and tracked.facts.awaiting_since is None:
             tracked.facts.awaiting_since = self.now()
 
     # --- what the surfaces read

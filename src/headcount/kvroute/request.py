@@ -38,8 +38,9 @@ class KvIndexView(Protocol):
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         """A request was dispatched to the engine."""
 
-    def prefilled(self, engine_id: str, new_blocks: int) -> None:
-        """The engine's first response byte came: it stored `new_blocks` more full blocks."""
+    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
+        """The engine's first response byte came (a 2xx): it has admitted the request, found
+        what it had cached of the prompt, and stored `new_blocks` more full blocks."""
 
 
 class KvRequest:
@@ -100,8 +101,9 @@ class KvRequest:
         size = self._index.block_size(engine.id)
         if ids is None or size is None or size <= 0:
             return
-        new_blocks = len(ids) // size - self.predicted.get(engine.id, 0) // size
-        self._index.prefilled(engine.id, max(0, new_blocks))
+        cached = self.predicted.get(engine.id, 0)
+        new_blocks = len(ids) // size - cached // size
+        self._index.prefilled(engine.id, max(0, new_blocks), cached)
 
     def receipt(self, engine: Engine) -> bytes:
         """The route receipt's header lines for a response from `engine`."""
