@@ -352,7 +352,7 @@ def measure(
         marks["cpu"] = tree_cpu_seconds(router.pid)
         marks["served"] = served(engines)
 
-    marks: list[tuple[float, Callable[[], Awaitable[None]]]] = [(warmup_s, at_window_start)]
+    hooks: list[tuple[float, Callable[[], Awaitable[None]]]] = [(warmup_s, at_window_start)]
     fault_s = warmup_s + settings.duration_s / 3
     if settings.fault is not None:
         inject, undo = (json.dumps(body).encode() for body in FAULTS[settings.fault])
@@ -361,9 +361,9 @@ def measure(
             if engines[0].call("POST", "/sim/kv-events", inject) is None:
                 raise BenchError(f"{engines[0].proc.name}: the fault was not injected")
 
-        marks.append((fault_s, at_fault))
+        hooks.append((fault_s, at_fault))
     outcomes: list[Outcome] = asyncio.run(
-        run_open_loop(f"http://127.0.0.1:{port}", schedule, settings.drain_s, marks)
+        run_open_loop(f"http://127.0.0.1:{port}", schedule, settings.drain_s, hooks)
     )
     if settings.fault is not None:
         engines[0].call("POST", "/sim/kv-events", undo)

@@ -94,6 +94,14 @@ async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
     return next(s for s in FakeSubscriber.started if engine_url_host in s.target.endpoint)
 
 
+async def engine_a_holding_the_prompt() -> StreamSink:
+    """Engine a's sink, connected, after a batch that stored the prompt's 4 blocks."""
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.batch(0, batch(STORE))
+    return sink
+
+
 def batch(*events: KvEvent) -> EventBatch:
     return EventBatch(0.0, list(events))
 
@@ -166,9 +174,7 @@ async def test_overdue_events_make_it_stale_and_a_batch_makes_it_synced_again(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     _, indexes, clock = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
-    sink.batch(0, batch(STORE))
+    sink = await engine_a_holding_the_prompt()
     indexes.prefilled("a", 0, 0)
     clock.now += 60
     indexes.tick()
@@ -190,9 +196,7 @@ async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     _, indexes, clock = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
-    sink.batch(0, batch(STORE))
+    sink = await engine_a_holding_the_prompt()
     sink.gap(1, 5)
     assert _trust(indexes) is IndexTrust.REBUILDING
     assert indexes.match("a", KEYS) == 4  # rebuilding: true, maybe incomplete, still used
@@ -214,9 +218,7 @@ async def test_a_restart_empties_the_index_and_leaves_it_synced(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     _, indexes, _ = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
-    sink.batch(0, batch(STORE))
+    sink = await engine_a_holding_the_prompt()
     sink.clear(ClearReason.RESTART)
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
 
@@ -240,9 +242,7 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     fleet, indexes, clock = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
-    sink.batch(0, batch(STORE))
+    await engine_a_holding_the_prompt()
 
     def scrape(hits: float) -> None:
         fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(prefix_cache_hits=hits)))
