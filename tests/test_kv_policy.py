@@ -89,10 +89,26 @@ def test_the_engine_holding_the_prefix_wins_over_idle_cold_ones() -> None:
 
 def test_affinity_yields_when_the_warm_engine_is_saturated() -> None:
     index = FakeIndex()
-    engines = [engine("a", in_flight=1), engine("b", in_flight=9), engine("c", in_flight=1)]
-    index.hold("b", PROMPT)
+    engines = [engine("a", in_flight=1), engine("b", in_flight=30), engine("c", in_flight=1)]
+    index.hold("b", PROMPT)  # bound: ceil(1.5 x 33 / 3) + 8 = 25 in flight
     chosen = policy(index, epsilon=0.5).select(engines, features(policy(index), PROMPT))
     assert chosen is not None and chosen.id in ("a", "c")
+
+
+def test_a_few_more_in_flight_do_not_move_a_prompt_off_its_cache() -> None:
+    index = FakeIndex()
+    engines = [engine("a", in_flight=1), engine("b", in_flight=9), engine("c", in_flight=1)]
+    index.hold("b", PROMPT)
+    kv = policy(index, epsilon=0.5)
+    assert kv.select(engines, features(kv, PROMPT)) is engines[1]
+
+
+def test_a_miss_counts_twice_so_a_prompt_stays_where_it_is_cached() -> None:
+    index = FakeIndex()
+    index.hold("a", PROMPT[:40])  # a saves 40 of 100 tokens, but has 50 more queued
+    engines = [engine("a", prefill_queued=50), engine("b")]
+    kv = policy(index)
+    assert kv.select(engines, features(kv, PROMPT)) is engines[0]  # 60 + 50 + 60 < 100 + 100
 
 
 def test_when_every_engine_is_over_the_bound_the_best_one_still_takes_it() -> None:
