@@ -244,20 +244,16 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
     fleet, indexes, clock = world
     await engine_a_holding_the_prompt()
 
-    def scrape(hits: float) -> None:
-        fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(prefix_cache_hits=hits)))
-        indexes.tick()
-
-    scrape(100)
+    scrape(fleet, indexes, 100)
     for _ in range(8):
         answered(indexes, 12)
     clock.now += 31
-    scrape(100 + 96 / 2 - 2 * BLOCK)  # just enough: agrees
+    scrape(fleet, indexes, 100 + 96 / 2 - 2 * BLOCK)  # just enough: agrees
     assert _trust(indexes) is IndexTrust.SYNCED
     for _ in range(8):
         answered(indexes, 12)
     clock.now += 31
-    scrape(141 + 10)
+    scrape(fleet, indexes, 141 + 10)
     view = indexes.view("a")
     assert view is not None and view.trust is IndexTrust.STALE
     assert "the index predicted 96" in view.reason
@@ -266,7 +262,7 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
     for _ in range(8):
         answered(indexes, 0)
     clock.now += 31
-    scrape(151)
+    scrape(fleet, indexes, 151)
     assert indexes.match("a", KEYS) == 0  # usable again, and empty: the rebuild window passed
     assert _trust(indexes) is IndexTrust.SYNCED
     assert view.predicted_hit_tokens == 192
@@ -285,6 +281,12 @@ async def test_a_crashed_subscriber_is_started_again(
     await wait_until_async(twice, timeout=5, what="the subscriber started again")
 
 
+def scrape(fleet: Fleet, indexes: KvIndexes, hits: float) -> None:
+    """Engine a's `/metrics` said `hits` prefix-cache hit tokens; then a tick."""
+    fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(prefix_cache_hits=hits)))
+    indexes.tick()
+
+
 def answered(indexes: KvIndexes, predicted: int) -> None:
     """A request routed to engine a, with `predicted` tokens cached, got its first byte."""
     indexes.routed("a", 16, predicted)
@@ -299,3 +301,37 @@ def _trust(indexes: KvIndexes) -> IndexTrust:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_hit_counter_going_back_clears_an_index_whose_stream_missed_the_restart(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, clock = world
+    await engine_a_holding_the_prompt()
+
+    scrape(fleet, indexes, 500)
+    clock.now += 5
+    scrape(fleet, indexes, 20)
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.clears[ClearReason.RESTART]) == (
+        IndexTrust.REBUILDING,
+        0,
+        1,
+    )
+
+
+async def test_a_restart_the_stream_showed_is_not_cleared_again_by_the_counter(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, clock = world
+    sink = await engine_a_holding_the_prompt()
+
+    scrape(fleet, indexes, 500)
+    clock.now += 1
+    sink.clear(ClearReason.RESTART)
+    sink.batch(0, batch(STORE))
+    clock.now += 4
+    scrape(fleet, indexes, 20)
+    assert indexes.match("a", KEYS) == 4
+    assert _trust(indexes) is IndexTrust.SYNCED

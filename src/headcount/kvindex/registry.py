@@ -19,7 +19,9 @@ own prefix-cache hit counter against what the index predicted:
   between routing and admission.
   Below that the index is wrong: it is cleared (`disagreement`) and stale
   until a window agrees. An engine whose counter went backwards restarted:
-  the window starts again.
+  the window starts again, and unless its event stream already showed the
+  restart (it does not when the router was disconnected while the new
+  process's sequence passed the old one), the index is cleared, rebuilding.
 
 Routing reads `match` (None for an unusable index), `block_size`, and tells
 `routed` (at dispatch) and `prefilled` (at a 2xx first byte); all are O(1) but
@@ -85,6 +87,7 @@ class _Tracked(StreamSink):
         self.predicted_hit_tokens = 0
         self.reported_hit_tokens: float | None = None
         self.scraped_block_size: int | None = None
+        self.restart_seen_at: float | None = None
         self.window = _Window(owner.now(), None)
 
     def connected(self, up: bool) -> None:
@@ -126,6 +129,8 @@ class _Tracked(StreamSink):
 
     def _cleared(self, reason: ClearReason, now: float) -> None:
         self.clears[reason] += 1
+        if reason is ClearReason.RESTART:
+            self.restart_seen_at = now
         facts = self.facts
         if reason in _INCOMPLETE:
             facts.cleared_incomplete_at, facts.cleared_why = now, _INCOMPLETE[reason]
@@ -339,10 +344,30 @@ class KvIndexes:
                 self._check_hits(tracked, load.prefix_cache_hits, now)
             tracked.refresh()
 
+    @staticmethod
+    def _counter_went_back(tracked: _Tracked, window: _Window, now: float) -> None:
+        """The engine's hit counter went back: a new process, with an empty cache. Its event
+        stream says so too (the sequence restarts) unless the router was disconnected while
+        the new process passed the old sequence number; then only this tells."""
+        seen = tracked.restart_seen_at
+        if seen is not None and seen >= window.started:
+            return
+        _log.warning(
+            "kv index of %s: the engine's hit counter went back: it restarted", tracked.name
+        )
+        tracked.index.clear()
+        tracked.clears[ClearReason.RESTART] += 1
+        tracked.restart_seen_at = now
+        facts = tracked.facts
+        facts.cleared_incomplete_at = now
+        facts.cleared_why = "the engine restarted while the stream did not show it"
+
     def _check_hits(self, tracked: _Tracked, hits: float | None, now: float) -> None:
         window = tracked.window
         if hits is None:
             return
+        if window.hits_at_start is not None and hits < window.hits_at_start:
+            self._counter_went_back(tracked, window, now)
         if window.hits_at_start is None or hits < window.hits_at_start:
             tracked.window = _Window(now, hits)
             return
