@@ -259,11 +259,17 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
     assert "the index predicted 96" in view.reason
     assert (view.blocks, view.clears[ClearReason.DISAGREEMENT]) == (0, 1)
     assert indexes.match("a", KEYS) is None
-    for _ in range(8):
+    for _ in range(7):
         answered(indexes, 0)
     clock.now += 31
     scrape(fleet, indexes, 151)
-    assert indexes.match("a", KEYS) == 0  # usable again, and empty: the rebuild window passed
+    assert _trust(indexes) is IndexTrust.STALE  # seven requests are no window
+    answered(indexes, 0)
+    scrape(fleet, indexes, 151)
+    assert indexes.match("a", KEYS) == 0  # usable again, and empty
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    clock.now += 30
+    indexes.tick()
     assert _trust(indexes) is IndexTrust.SYNCED
     assert view.predicted_hit_tokens == 192
 

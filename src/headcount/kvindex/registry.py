@@ -18,10 +18,11 @@ own prefix-cache hit counter against what the index predicted:
   counts; half absorbs the scrape lag (a probe interval) and blocks evicted
   between routing and admission.
   Below that the index is wrong: it is cleared (`disagreement`) and stale
-  until a window agrees. An engine whose counter went backwards restarted:
-  the window starts again, and unless its event stream already showed the
-  restart (it does not when the router was disconnected while the new
-  process's sequence passed the old one), the index is cleared, rebuilding.
+  until a window agrees, then rebuilding for `rebuild_window`. An engine
+  whose counter went backwards restarted: the window starts again, and
+  unless its event stream already showed the restart (it does not when the
+  router was disconnected while the new process's sequence passed the old
+  one), the index is cleared, rebuilding.
 
 Routing reads `match` (None for an unusable index), `block_size`, and tells
 `routed` (at dispatch) and `prefilled` (at a 2xx first byte); all are O(1) but
@@ -133,9 +134,9 @@ class _Tracked(StreamSink):
             self.restart_seen_at = now
         facts = self.facts
         if reason in _INCOMPLETE:
-            facts.cleared_incomplete_at, facts.cleared_why = now, _INCOMPLETE[reason]
+            facts.rebuilding_since, facts.rebuilding_why = now, f"cleared: {_INCOMPLETE[reason]}"
         else:
-            facts.cleared_incomplete_at = facts.unknown_parent_at = None
+            facts.rebuilding_since = facts.unknown_parent_at = None
 
     def _evaluate(self) -> tuple[IndexTrust, str]:
         owner = self._owner
@@ -359,8 +360,8 @@ class KvIndexes:
         tracked.clears[ClearReason.RESTART] += 1
         tracked.restart_seen_at = now
         facts = tracked.facts
-        facts.cleared_incomplete_at = now
-        facts.cleared_why = "the engine restarted while the stream did not show it"
+        facts.rebuilding_since = now
+        facts.rebuilding_why = "cleared: the engine restarted while the stream did not show it"
 
     def _check_hits(self, tracked: _Tracked, hits: float | None, now: float) -> None:
         window = tracked.window
@@ -381,6 +382,8 @@ class KvIndexes:
                 f"{now - window.started:.0f}s, the index predicted {window.predicted}"
             )
             tracked.clear(ClearReason.DISAGREEMENT)
-        else:
+        elif tracked.facts.disagreement is not None:
             tracked.facts.disagreement = None
+            tracked.facts.rebuilding_since = now
+            tracked.facts.rebuilding_why = "the engine's hits agree again after a disagreement"
         tracked.window = _Window(now, hits)
