@@ -223,6 +223,54 @@ async def test_a_restart_empties_the_index_and_leaves_it_synced(
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
 
 
+async def test_a_restart_during_a_gap_rebuilds_until_the_replay_ends(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.gap(0, 3)
+    sink.clear(ClearReason.RESTART)
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    sink.replayed(True)
+    assert _trust(indexes) is IndexTrust.SYNCED
+
+
+async def test_a_lost_publisher_is_off_until_it_is_reached_again(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.batch(0, batch(STORE))
+    sink.connected(False)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.OFF, None)
+    view = indexes.view("a")
+    assert view is not None and view.reason == "lost the publisher at tcp://10.0.0.1:5557"
+    sink.connected(True)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 4)
+
+
+async def test_blocks_after_a_missed_prefix_rebuild_for_a_window_then_sync(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    sink.batch(0, batch(BlockStored([9], 77, PROMPT[:BLOCK], BLOCK), STORE))
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)
+    clock.now += 20
+    sink.batch(1, batch(BlockStored([10], 78, PROMPT[:BLOCK], BLOCK)))
+    clock.now += 20
+    indexes.tick()
+    assert _trust(indexes) is IndexTrust.REBUILDING  # the second one restarted the window
+    clock.now += 10
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.unknown_parents) == (IndexTrust.SYNCED, 2)
+
+
 async def test_more_blocks_than_the_engine_advertises_is_an_overflow(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
