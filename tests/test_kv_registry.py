@@ -187,9 +187,19 @@ async def test_overdue_events_make_it_stale_and_a_batch_makes_it_synced_again(
     indexes.tick()
     assert indexes.match("a", KEYS) is None
     view = indexes.view("a")
-    assert view is not None and view.trust is IndexTrust.STALE
+    assert view is not None
+    assert (view.trust, view.reason) == (
+        IndexTrust.STALE,
+        "no event for 11s after 1 request was answered",
+    )
     sink.batch(1, batch())
     assert indexes.match("a", KEYS) == 4
+    indexes.prefilled("a", 1, 0)
+    indexes.prefilled("a", 1, 0)
+    clock.now += 10
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None and view.reason == "no event for 10s after 2 requests were answered"
 
 
 async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(

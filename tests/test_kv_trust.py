@@ -33,11 +33,11 @@ def test_a_connected_stream_with_nothing_amiss_is_synced() -> None:
 
 
 def test_events_overdue_after_the_engine_answered_make_it_stale_until_they_come() -> None:
-    facts = connected(awaiting_since=100.0)
+    facts = connected(awaiting_since=100.0, awaiting_answers=3)
     assert trust(facts, 100.0 + IDLE - 0.1)[0] is IndexTrust.SYNCED
     state, reason = trust(facts, 100.0 + IDLE + 2)
     assert state is IndexTrust.STALE
-    assert reason == "no event for 12s after the engine answered requests"
+    assert reason == "no event for 12s after 3 requests were answered"
     facts.awaiting_since = None
     assert trust(facts, 200.0)[0] is IndexTrust.SYNCED
 

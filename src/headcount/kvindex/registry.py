@@ -105,7 +105,7 @@ class _Tracked(StreamSink):
                 self._cleared(ClearReason.ALL_BLOCKS_CLEARED, now)
         self.events_applied += len(batch.events)
         self.last_event_at = now
-        self.facts.awaiting_since = None
+        self.facts.awaiting_since, self.facts.awaiting_answers = None, 0
         if self.index.overflowing:
             self.clear(ClearReason.OVERFLOW)
         self.refresh()
@@ -249,8 +249,11 @@ class KvIndexes:
             return
         tracked.window.predicted += predicted_cached_tokens
         tracked.window.requests += 1
-        if new_blocks > 0 and tracked.facts.awaiting_since is None:
-            tracked.facts.awaiting_since = self.now()
+        if new_blocks > 0:
+            facts = tracked.facts
+            if facts.awaiting_since is None:
+                facts.awaiting_since = self.now()
+            facts.awaiting_answers += 1
 
     # --- what the surfaces read
 

@@ -63,6 +63,8 @@ class TrustFacts:
     """When a stored block last named a parent the index did not know."""
     awaiting_since: float | None = None
     """When a routed request's first byte came with no batch since (events are due)."""
+    awaiting_answers: int = 0
+    """Routed requests answered (with new blocks) since `awaiting_since`."""
     disagreement: str | None = None
     """Why the last check window found the engine's hits below the predictions."""
 
@@ -76,8 +78,9 @@ def evaluate(
             return IndexTrust.OFF, f"lost the publisher at {facts.endpoint}"
         return IndexTrust.OFF, f"no publisher reached at {facts.endpoint}"
     if facts.awaiting_since is not None and now - facts.awaiting_since >= idle_timeout:
-        waited = now - facts.awaiting_since
-        return IndexTrust.STALE, f"no event for {waited:.0f}s after the engine answered requests"
+        waited, answers = now - facts.awaiting_since, facts.awaiting_answers
+        were = "1 request was" if answers == 1 else f"{answers} requests were"
+        return IndexTrust.STALE, f"no event for {waited:.0f}s after {were} answered"
     if facts.disagreement is not None:
         return IndexTrust.STALE, facts.disagreement
     if facts.gap is not None:
