@@ -211,8 +211,12 @@ async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
     assert _trust(indexes) is IndexTrust.REBUILDING
     assert indexes.match("a", KEYS) == 4  # rebuilding: true, maybe incomplete, still used
     sink.replayed(False)
+    assert _trust(indexes) is IndexTrust.REBUILDING  # not synced for a moment in between
     sink.clear(ClearReason.GAP)
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 0)
+    view = indexes.view("a")
+    assert view is not None
+    assert view.reason == "rebuilding for 0s: cleared, the replay could not fill the gap 1..4"
     clock.now += 29
     indexes.tick()
     assert _trust(indexes) is IndexTrust.REBUILDING

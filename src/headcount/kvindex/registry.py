@@ -52,7 +52,7 @@ __all__ = ["KvIndexes"]
 _log = logging.getLogger(__name__)
 
 _INCOMPLETE = {
-    ClearReason.GAP: "a gap the replay could not fill",
+    ClearReason.GAP: "the replay could not fill a gap",
     ClearReason.OVERFLOW: "more blocks than the engine holds: removals were missed",
     ClearReason.DISAGREEMENT: "the engine's hits contradicted the index",
 }
@@ -89,6 +89,8 @@ class _Tracked(StreamSink):
         self.reported_hit_tokens: float | None = None
         self.scraped_block_size: int | None = None
         self.restart_seen_at: float | None = None
+        self._unfilled: str | None = None
+        """The missed batches of the last gap the replay could not fill."""
         self.window = _Window(owner.now(), None)
 
     def connected(self, up: bool) -> None:
@@ -116,11 +118,13 @@ class _Tracked(StreamSink):
         self.refresh()
 
     def replayed(self, filled: bool) -> None:
-        self.facts.gap = None
+        gap, self.facts.gap = self.facts.gap, None
         if filled:
             self.replays_filled += 1
         else:
             self.replays_failed += 1
+            self._unfilled = None if gap is None else f"{gap[0]}..{gap[1] - 1}"
+            self._rebuilding(ClearReason.GAP, self._owner.now())
         self.refresh()
 
     def clear(self, reason: ClearReason) -> None:
@@ -134,9 +138,15 @@ class _Tracked(StreamSink):
             self.restart_seen_at = now
         facts = self.facts
         if reason in _INCOMPLETE:
-            facts.rebuilding_since, facts.rebuilding_why = now, f"cleared: {_INCOMPLETE[reason]}"
+            self._rebuilding(reason, now)
         else:
             facts.rebuilding_since = facts.unknown_parent_at = None
+
+    def _rebuilding(self, reason: ClearReason, now: float) -> None:
+        why = _INCOMPLETE[reason]
+        if reason is ClearReason.GAP and self._unfilled is not None:
+            why = f"the replay could not fill the gap {self._unfilled}"
+        self.facts.rebuilding_since, self.facts.rebuilding_why = now, f"cleared, {why}"
 
     def _evaluate(self) -> tuple[IndexTrust, str]:
         owner = self._owner
@@ -364,7 +374,7 @@ class KvIndexes:
         tracked.restart_seen_at = now
         facts = tracked.facts
         facts.rebuilding_since = now
-        facts.rebuilding_why = "cleared: the engine restarted while the stream did not show it"
+        facts.rebuilding_why = "cleared, the engine restarted while the stream did not show it"
 
     def _check_hits(self, tracked: _Tracked, hits: float | None, now: float) -> None:
         window = tracked.window
