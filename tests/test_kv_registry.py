@@ -336,6 +336,17 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
     assert view.predicted_hit_tokens == 192
 
 
+async def test_once_closed_a_fleet_change_starts_no_subscriber(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    a = await subscriber_of("10.0.0.1")
+    await indexes.close()
+    assert a.cancelled
+    fleet.upsert(spec("d", "http://10.0.0.4:8000"))
+    assert indexes.views() == {}  # following an engine starts at once, with its subscriber
+
+
 async def test_a_crashed_subscriber_is_started_again(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:

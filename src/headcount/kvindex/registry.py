@@ -217,6 +217,7 @@ class KvIndexes:
         self._tick = tick
         self._engines: dict[str, _Tracked] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._closed = False
 
     def start(self) -> None:
         """Subscribe to every known engine and follow the fleet from now on."""
@@ -225,6 +226,7 @@ class KvIndexes:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
 
     async def close(self) -> None:
+        self._closed = True  # the fleet keeps its listeners: later changes start nothing
         tasks = [t.task for t in self._engines.values() if t.task is not None]
         if self._ticker is not None:
             tasks.append(self._ticker)
@@ -278,7 +280,7 @@ class KvIndexes:
     # --- following the fleet
 
     def _on_change(self, change: FleetChange) -> None:
-        if change.added or change.changed or change.removed:
+        if not self._closed and (change.added or change.changed or change.removed):
             self._reconcile()
 
     def _reconcile(self) -> None:
