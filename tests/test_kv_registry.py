@@ -94,10 +94,16 @@ async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
     return next(s for s in FakeSubscriber.started if engine_url_host in s.target.endpoint)
 
 
-async def engine_a_holding_the_prompt() -> StreamSink:
-    """Engine a's sink, connected, after a batch that stored the prompt's 4 blocks."""
+async def engine_a_connected() -> StreamSink:
+    """Engine a's sink, its publisher reached, nothing sent yet."""
     sink = (await subscriber_of("10.0.0.1")).sink
     sink.connected(True)
+    return sink
+
+
+async def engine_a_holding_the_prompt() -> StreamSink:
+    """Engine a's sink, connected, after a batch that stored the prompt's 4 blocks."""
+    sink = await engine_a_connected()
     sink.batch(0, batch(STORE))
     return sink
 
@@ -241,8 +247,7 @@ async def test_a_restart_during_a_gap_rebuilds_until_the_replay_ends(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     _, indexes, _ = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
+    sink = await engine_a_connected()
     sink.gap(0, 3)
     sink.clear(ClearReason.RESTART)
     assert _trust(indexes) is IndexTrust.REBUILDING
@@ -254,9 +259,7 @@ async def test_a_lost_publisher_is_off_until_it_is_reached_again(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     _, indexes, _ = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
-    sink.batch(0, batch(STORE))
+    sink = await engine_a_holding_the_prompt()
     sink.connected(False)
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.OFF, None)
     view = indexes.view("a")
@@ -269,8 +272,7 @@ async def test_blocks_after_a_missed_prefix_rebuild_for_a_window_then_sync(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     _, indexes, clock = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
+    sink = await engine_a_connected()
     sink.batch(0, batch(BlockStored([9], 77, PROMPT[:BLOCK], BLOCK), STORE))
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)
     clock.now += 20
@@ -289,8 +291,7 @@ async def test_more_blocks_than_the_engine_advertises_is_an_overflow(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     fleet, indexes, _ = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
+    sink = await engine_a_connected()
     fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(kv_capacity_blocks=3)))
     indexes.tick()
     sink.batch(0, batch(STORE))
