@@ -101,6 +101,35 @@ def test_the_fixtures_from_vllms_own_publisher_index_as_the_model_says() -> None
         assert most > 0, version
 
 
+def test_both_wire_layouts_build_the_same_index() -> None:
+    """The fixtures' first batches mean the same in both layouts, but 0.10 names the adapter
+    only by id: its LoRA block is held, and no request can match it."""
+    head, tail = list(range(100, 132)), list(range(200, 216))
+    asked = [(head, None), ([*head, *tail], None), (tail, "sql-lora")]
+    seen: dict[str, list[tuple[int, list[int]]]] = {}
+    for version, _ in VERSIONS:
+        index = EngineIndex()
+        for frames in fixture(version)["sub_frames"][:4]:
+            for event in decode_batch(frames_of(frames)[2]).events:
+                index.apply(event)
+            seen.setdefault(version, []).append(
+                (len(index), [index.match(block_keys(t, 16, lora)) for t, lora in asked])
+            )
+    assert seen["0.10.1"] == [(2, [2, 2, 0]), (2, [0, 0, 0]), (3, [0, 0, 0]), (0, [0, 0, 0])]
+    assert seen["0.33.0"] == [(2, [2, 2, 0]), (2, [0, 0, 0]), (3, [0, 0, 1]), (0, [0, 0, 0])]
+
+
+def test_a_block_maps_the_same_whichever_form_its_hash_takes() -> None:
+    index = EngineIndex()
+    digest = bytes(24) + (7).to_bytes(8, "big")
+    index.apply(stored([-1, digest], None, list(range(8))))
+    index.apply(stored([9], 7, [8, 9, 10, 11]))
+    keys = block_keys(list(range(12)), BLOCK, None)
+    assert (index.match(keys), index.unknown_parents) == (3, 0)
+    index.apply(BlockRemoved([(1 << 64) - 1]))
+    assert (len(index), index.unknown_removals, index.match(keys)) == (2, 0, 0)
+
+
 def stored(
     hashes: list[BlockHash], parent: BlockHash | None, tokens: list[int], **extra: object
 ) -> BlockStored:

@@ -94,10 +94,16 @@ async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
     return next(s for s in FakeSubscriber.started if engine_url_host in s.target.endpoint)
 
 
-async def engine_a_holding_the_prompt() -> StreamSink:
-    """Engine a's sink, connected, after a batch that stored the prompt's 4 blocks."""
+async def engine_a_connected() -> StreamSink:
+    """Engine a's sink, its publisher reached, nothing sent yet."""
     sink = (await subscriber_of("10.0.0.1")).sink
     sink.connected(True)
+    return sink
+
+
+async def engine_a_holding_the_prompt() -> StreamSink:
+    """Engine a's sink, connected, after a batch that stored the prompt's 4 blocks."""
+    sink = await engine_a_connected()
     sink.batch(0, batch(STORE))
     return sink
 
@@ -187,9 +193,19 @@ async def test_overdue_events_make_it_stale_and_a_batch_makes_it_synced_again(
     indexes.tick()
     assert indexes.match("a", KEYS) is None
     view = indexes.view("a")
-    assert view is not None and view.trust is IndexTrust.STALE
+    assert view is not None
+    assert (view.trust, view.reason) == (
+        IndexTrust.STALE,
+        "no event for 11s after 1 request was answered",
+    )
     sink.batch(1, batch())
     assert indexes.match("a", KEYS) == 4
+    indexes.prefilled("a", 1, 0)
+    indexes.prefilled("a", 1, 0)
+    clock.now += 10
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None and view.reason == "no event for 10s after 2 requests were answered"
 
 
 async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
@@ -201,8 +217,12 @@ async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
     assert _trust(indexes) is IndexTrust.REBUILDING
     assert indexes.match("a", KEYS) == 4  # rebuilding: true, maybe incomplete, still used
     sink.replayed(False)
+    assert _trust(indexes) is IndexTrust.REBUILDING  # not synced for a moment in between
     sink.clear(ClearReason.GAP)
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 0)
+    view = indexes.view("a")
+    assert view is not None
+    assert view.reason == "rebuilding for 0s: cleared, the replay could not fill the gap 1..4"
     clock.now += 29
     indexes.tick()
     assert _trust(indexes) is IndexTrust.REBUILDING
@@ -223,12 +243,55 @@ async def test_a_restart_empties_the_index_and_leaves_it_synced(
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
 
 
+async def test_a_restart_during_a_gap_rebuilds_until_the_replay_ends(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = await engine_a_connected()
+    sink.gap(0, 3)
+    sink.clear(ClearReason.RESTART)
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    sink.replayed(True)
+    assert _trust(indexes) is IndexTrust.SYNCED
+
+
+async def test_a_lost_publisher_is_off_until_it_is_reached_again(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = await engine_a_holding_the_prompt()
+    sink.connected(False)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.OFF, None)
+    view = indexes.view("a")
+    assert view is not None and view.reason == "lost the publisher at tcp://10.0.0.1:5557"
+    sink.connected(True)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 4)
+
+
+async def test_blocks_after_a_missed_prefix_rebuild_for_a_window_then_sync(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = await engine_a_connected()
+    sink.batch(0, batch(BlockStored([9], 77, PROMPT[:BLOCK], BLOCK), STORE))
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)
+    clock.now += 20
+    sink.batch(1, batch(BlockStored([10], 78, PROMPT[:BLOCK], BLOCK)))
+    clock.now += 20
+    indexes.tick()
+    assert _trust(indexes) is IndexTrust.REBUILDING  # the second one restarted the window
+    clock.now += 10
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.unknown_parents) == (IndexTrust.SYNCED, 2)
+
+
 async def test_more_blocks_than_the_engine_advertises_is_an_overflow(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     fleet, indexes, _ = world
-    sink = (await subscriber_of("10.0.0.1")).sink
-    sink.connected(True)
+    sink = await engine_a_connected()
     fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(kv_capacity_blocks=3)))
     indexes.tick()
     sink.batch(0, batch(STORE))
@@ -259,13 +322,30 @@ async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
     assert "the index predicted 96" in view.reason
     assert (view.blocks, view.clears[ClearReason.DISAGREEMENT]) == (0, 1)
     assert indexes.match("a", KEYS) is None
-    for _ in range(8):
+    for _ in range(7):
         answered(indexes, 0)
     clock.now += 31
     scrape(fleet, indexes, 151)
-    assert indexes.match("a", KEYS) == 0  # usable again, and empty: the rebuild window passed
+    assert _trust(indexes) is IndexTrust.STALE  # seven requests are no window
+    answered(indexes, 0)
+    scrape(fleet, indexes, 151)
+    assert indexes.match("a", KEYS) == 0  # usable again, and empty
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    clock.now += 30
+    indexes.tick()
     assert _trust(indexes) is IndexTrust.SYNCED
     assert view.predicted_hit_tokens == 192
+
+
+async def test_once_closed_a_fleet_change_starts_no_subscriber(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    a = await subscriber_of("10.0.0.1")
+    await indexes.close()
+    assert a.cancelled
+    fleet.upsert(spec("d", "http://10.0.0.4:8000"))
+    assert indexes.views() == {}  # following an engine starts at once, with its subscriber
 
 
 async def test_a_crashed_subscriber_is_started_again(

@@ -33,11 +33,11 @@ def test_a_connected_stream_with_nothing_amiss_is_synced() -> None:
 
 
 def test_events_overdue_after_the_engine_answered_make_it_stale_until_they_come() -> None:
-    facts = connected(awaiting_since=100.0)
+    facts = connected(awaiting_since=100.0, awaiting_answers=3)
     assert trust(facts, 100.0 + IDLE - 0.1)[0] is IndexTrust.SYNCED
     state, reason = trust(facts, 100.0 + IDLE + 2)
     assert state is IndexTrust.STALE
-    assert reason == "no event for 12s after the engine answered requests"
+    assert reason == "no event for 12s after 3 requests were answered"
     facts.awaiting_since = None
     assert trust(facts, 200.0)[0] is IndexTrust.SYNCED
 
@@ -56,9 +56,9 @@ def test_an_open_gap_is_rebuilding_until_replayed() -> None:
     assert trust(facts)[0] is IndexTrust.SYNCED
 
 
-@pytest.mark.parametrize("field", ["cleared_incomplete_at", "unknown_parent_at"])
+@pytest.mark.parametrize("field", ["rebuilding_since", "unknown_parent_at"])
 def test_an_incomplete_index_rebuilds_for_a_window_then_is_synced(field: str) -> None:
-    facts = connected(**{field: 100.0}, cleared_why="a gap the replay could not fill")
+    facts = connected(**{field: 100.0}, rebuilding_why="a gap the replay could not fill")
     assert trust(facts, 100.0 + WINDOW - 1)[0] is IndexTrust.REBUILDING
     assert trust(facts, 100.0 + WINDOW)[0] is IndexTrust.SYNCED
 
@@ -68,7 +68,7 @@ def test_the_strongest_doubt_wins() -> None:
         "tcp://e:5557",
         ever_connected=True,
         gap=(1, 2),
-        cleared_incomplete_at=99.0,
+        rebuilding_since=99.0,
         awaiting_since=0.0,
         disagreement="no",
     )

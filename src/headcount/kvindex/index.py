@@ -20,8 +20,11 @@ block the engine does not hold.
   at once store the same hash twice and evict each copy separately, so
   engine hashes are counted and a block leaves the index with its last copy.
   A removal of a hash the index does not hold is ignored (and counted).
-- Hashes come as ints (negative under vLLM 0.10) or bytes; each form is its
-  own key in the map, consistently within one engine's stream.
+- Hashes come as ints (negative under vLLM 0.10's `builtin` hash) or bytes
+  (vLLM with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`); both are normalised to
+  the unsigned 64-bit int vLLM itself sends by default (the digest's last 8
+  bytes; a negative int taken modulo 2**64), so one block maps the same
+  whichever form names it.
 - `copies` counts physical blocks; more than `capacity` (the engine's
   `num_gpu_blocks`) means removals were missed: `overflowing`.
 """
@@ -32,6 +35,10 @@ from collections.abc import Sequence
 
 from headcount.kvevents import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent
 from headcount.kvindex.keys import ROOT, BlockKey, chain
+
+_EngineHash = int
+"""An engine's block hash, normalised (`_normal`)."""
+_MASK = (1 << 64) - 1
 
 __all__ = ["DEFAULT_CAPACITY", "EngineIndex"]
 
@@ -56,8 +63,8 @@ class EngineIndex:
     )
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._key_of: dict[BlockHash, BlockKey] = {}
-        self._copies: dict[BlockHash, int] = {}
+        self._key_of: dict[_EngineHash, BlockKey] = {}
+        self._copies: dict[_EngineHash, int] = {}
         self._holders: dict[BlockKey, int] = {}
         """Per key, how many distinct engine hashes stand for it."""
         self.capacity = capacity
@@ -80,7 +87,7 @@ class EngineIndex:
             return self._store(event)
         if isinstance(event, BlockRemoved):
             for block_hash in event.block_hashes:
-                self._remove(block_hash)
+                self._remove(_normal(block_hash))
         elif isinstance(event, AllBlocksCleared):
             self.clear()
         return True
@@ -107,7 +114,7 @@ class EngineIndex:
         if event.parent_block_hash is None:
             parent = ROOT
         else:
-            known = self._key_of.get(event.parent_block_hash)
+            known = self._key_of.get(_normal(event.parent_block_hash))
             if known is None:
                 self.unknown_parents += 1
                 return False
@@ -119,10 +126,10 @@ class EngineIndex:
                 tuple(tokens[position * size : (position + 1) * size]),
                 _adapter(event, position),
             )
-            self._add(block_hash, parent)
+            self._add(_normal(block_hash), parent)
         return True
 
-    def _add(self, block_hash: BlockHash, key: BlockKey) -> None:
+    def _add(self, block_hash: _EngineHash, key: BlockKey) -> None:
         self.copies += 1
         copies = self._copies.get(block_hash, 0)
         self._copies[block_hash] = copies + 1
@@ -131,7 +138,7 @@ class EngineIndex:
         self._key_of[block_hash] = key
         self._holders[key] = self._holders.get(key, 0) + 1
 
-    def _remove(self, block_hash: BlockHash) -> None:
+    def _remove(self, block_hash: _EngineHash) -> None:
         copies = self._copies.get(block_hash)
         if copies is None:
             self.unknown_removals += 1
@@ -147,6 +154,13 @@ class EngineIndex:
             self._holders[key] = holders - 1
         else:
             del self._holders[key]
+
+
+def _normal(block_hash: BlockHash) -> _EngineHash:
+    """The unsigned 64-bit form vLLM sends by default (`maybe_convert_block_hash`)."""
+    if isinstance(block_hash, bytes):
+        return int.from_bytes(block_hash[-8:], "big")
+    return block_hash & _MASK
 
 
 def _adapter(event: BlockStored, position: int) -> str | None:

@@ -18,10 +18,11 @@ own prefix-cache hit counter against what the index predicted:
   counts; half absorbs the scrape lag (a probe interval) and blocks evicted
   between routing and admission.
   Below that the index is wrong: it is cleared (`disagreement`) and stale
-  until a window agrees. An engine whose counter went backwards restarted:
-  the window starts again, and unless its event stream already showed the
-  restart (it does not when the router was disconnected while the new
-  process's sequence passed the old one), the index is cleared, rebuilding.
+  until a window agrees, then rebuilding for `rebuild_window`. An engine
+  whose counter went backwards restarted: the window starts again, and
+  unless its event stream already showed the restart (it does not when the
+  router was disconnected while the new process's sequence passed the old
+  one), the index is cleared, rebuilding.
 
 Routing reads `match` (None for an unusable index), `block_size`, and tells
 `routed` (at dispatch) and `prefilled` (at a 2xx first byte); all are O(1) but
@@ -51,7 +52,7 @@ __all__ = ["KvIndexes"]
 _log = logging.getLogger(__name__)
 
 _INCOMPLETE = {
-    ClearReason.GAP: "a gap the replay could not fill",
+    ClearReason.GAP: "the replay could not fill a gap",
     ClearReason.OVERFLOW: "more blocks than the engine holds: removals were missed",
     ClearReason.DISAGREEMENT: "the engine's hits contradicted the index",
 }
@@ -88,6 +89,8 @@ class _Tracked(StreamSink):
         self.reported_hit_tokens: float | None = None
         self.scraped_block_size: int | None = None
         self.restart_seen_at: float | None = None
+        self._unfilled: str | None = None
+        """The missed batches of the last gap the replay could not fill."""
         self.window = _Window(owner.now(), None)
 
     def connected(self, up: bool) -> None:
@@ -104,7 +107,7 @@ class _Tracked(StreamSink):
                 self._cleared(ClearReason.ALL_BLOCKS_CLEARED, now)
         self.events_applied += len(batch.events)
         self.last_event_at = now
-        self.facts.awaiting_since = None
+        self.facts.awaiting_since, self.facts.awaiting_answers = None, 0
         if self.index.overflowing:
             self.clear(ClearReason.OVERFLOW)
         self.refresh()
@@ -115,11 +118,13 @@ class _Tracked(StreamSink):
         self.refresh()
 
     def replayed(self, filled: bool) -> None:
-        self.facts.gap = None
+        gap, self.facts.gap = self.facts.gap, None
         if filled:
             self.replays_filled += 1
         else:
             self.replays_failed += 1
+            self._unfilled = None if gap is None else f"{gap[0]}..{gap[1] - 1}"
+            self._rebuilding(ClearReason.GAP, self._owner.now())
         self.refresh()
 
     def clear(self, reason: ClearReason) -> None:
@@ -133,9 +138,15 @@ class _Tracked(StreamSink):
             self.restart_seen_at = now
         facts = self.facts
         if reason in _INCOMPLETE:
-            facts.cleared_incomplete_at, facts.cleared_why = now, _INCOMPLETE[reason]
+            self._rebuilding(reason, now)
         else:
-            facts.cleared_incomplete_at = facts.unknown_parent_at = None
+            facts.rebuilding_since = facts.unknown_parent_at = None
+
+    def _rebuilding(self, reason: ClearReason, now: float) -> None:
+        why = _INCOMPLETE[reason]
+        if reason is ClearReason.GAP and self._unfilled is not None:
+            why = f"the replay could not fill the gap {self._unfilled}"
+        self.facts.rebuilding_since, self.facts.rebuilding_why = now, f"cleared, {why}"
 
     def _evaluate(self) -> tuple[IndexTrust, str]:
         owner = self._owner
@@ -206,6 +217,7 @@ class KvIndexes:
         self._tick = tick
         self._engines: dict[str, _Tracked] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._closed = False
 
     def start(self) -> None:
         """Subscribe to every known engine and follow the fleet from now on."""
@@ -214,6 +226,7 @@ class KvIndexes:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
 
     async def close(self) -> None:
+        self._closed = True  # the fleet keeps its listeners: later changes start nothing
         tasks = [t.task for t in self._engines.values() if t.task is not None]
         if self._ticker is not None:
             tasks.append(self._ticker)
@@ -248,8 +261,11 @@ class KvIndexes:
             return
         tracked.window.predicted += predicted_cached_tokens
         tracked.window.requests += 1
-        if new_blocks > 0 and tracked.facts.awaiting_since is None:
-            tracked.facts.awaiting_since = self.now()
+        if new_blocks > 0:
+            facts = tracked.facts
+            if facts.awaiting_since is None:
+                facts.awaiting_since = self.now()
+            facts.awaiting_answers += 1
 
     # --- what the surfaces read
 
@@ -264,7 +280,7 @@ class KvIndexes:
     # --- following the fleet
 
     def _on_change(self, change: FleetChange) -> None:
-        if change.added or change.changed or change.removed:
+        if not self._closed and (change.added or change.changed or change.removed):
             self._reconcile()
 
     def _reconcile(self) -> None:
@@ -359,8 +375,8 @@ class KvIndexes:
         tracked.clears[ClearReason.RESTART] += 1
         tracked.restart_seen_at = now
         facts = tracked.facts
-        facts.cleared_incomplete_at = now
-        facts.cleared_why = "the engine restarted while the stream did not show it"
+        facts.rebuilding_since = now
+        facts.rebuilding_why = "cleared, the engine restarted while the stream did not show it"
 
     def _check_hits(self, tracked: _Tracked, hits: float | None, now: float) -> None:
         window = tracked.window
@@ -381,6 +397,8 @@ class KvIndexes:
                 f"{now - window.started:.0f}s, the index predicted {window.predicted}"
             )
             tracked.clear(ClearReason.DISAGREEMENT)
-        else:
+        elif tracked.facts.disagreement is not None:
             tracked.facts.disagreement = None
+            tracked.facts.rebuilding_since = now
+            tracked.facts.rebuilding_why = "the engine's hits agree again after a disagreement"
         tracked.window = _Window(now, hits)

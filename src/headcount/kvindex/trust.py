@@ -12,9 +12,11 @@ the router recorded (`TrustFacts`) and the time; strongest first:
   hit counter contradicted the index's predictions over the last check window
   (the index was cleared then, and stays stale until a window agrees).
 - `rebuilding`: what it holds is true but it may miss blocks: a gap is being
-  replayed, or the index was cleared without the engine's cache being empty
-  (a gap the replay could not fill, an overflow, a disagreement) less than
-  `rebuild_window` ago, or a stored block's parent was unknown that recently.
+  replayed, or less than `rebuild_window` ago the index was cleared without
+  the engine's cache being empty (a gap the replay could not fill, an
+  overflow) or trusted again after a disagreement, or a stored block's parent
+  was unknown. A clear because the engine's cache was emptied too (a restart,
+  `AllBlocksCleared`) leaves nothing missing.
 - `synced`: events flowing, no unrecovered gap. A publisher that has sent
   nothing since we connected is taken as an empty cache: its first batch's
   sequence number says otherwise (a late join is a gap from 0).
@@ -53,13 +55,16 @@ class TrustFacts:
     ever_connected: bool = False
     gap: tuple[int, int] | None = None
     """The missed sequence numbers being replayed: first, and the live one."""
-    cleared_incomplete_at: float | None = None
-    """When the index was last emptied while the engine's cache was not."""
-    cleared_why: str = ""
+    rebuilding_since: float | None = None
+    """When the index last became incomplete but trusted (emptied while the engine's cache
+    was not, or trusted again after a disagreement)."""
+    rebuilding_why: str = ""
     unknown_parent_at: float | None = None
     """When a stored block last named a parent the index did not know."""
     awaiting_since: float | None = None
     """When a routed request's first byte came with no batch since (events are due)."""
+    awaiting_answers: int = 0
+    """Routed requests answered (with new blocks) since `awaiting_since`."""
     disagreement: str | None = None
     """Why the last check window found the engine's hits below the predictions."""
 
@@ -73,16 +78,17 @@ def evaluate(
             return IndexTrust.OFF, f"lost the publisher at {facts.endpoint}"
         return IndexTrust.OFF, f"no publisher reached at {facts.endpoint}"
     if facts.awaiting_since is not None and now - facts.awaiting_since >= idle_timeout:
-        waited = now - facts.awaiting_since
-        return IndexTrust.STALE, f"no event for {waited:.0f}s after the engine answered requests"
+        waited, answers = now - facts.awaiting_since, facts.awaiting_answers
+        were = "1 request was" if answers == 1 else f"{answers} requests were"
+        return IndexTrust.STALE, f"no event for {waited:.0f}s after {were} answered"
     if facts.disagreement is not None:
         return IndexTrust.STALE, facts.disagreement
     if facts.gap is not None:
         first, live = facts.gap
         return IndexTrust.REBUILDING, f"replaying missed batches {first}..{live - 1}"
-    cleared = facts.cleared_incomplete_at
-    if cleared is not None and now - cleared < rebuild_window:
-        return IndexTrust.REBUILDING, f"cleared {now - cleared:.0f}s ago: {facts.cleared_why}"
+    since = facts.rebuilding_since
+    if since is not None and now - since < rebuild_window:
+        return IndexTrust.REBUILDING, f"rebuilding for {now - since:.0f}s: {facts.rebuilding_why}"
     unknown = facts.unknown_parent_at
     if unknown is not None and now - unknown < rebuild_window:
         return IndexTrust.REBUILDING, "the engine stored blocks after a prefix the index missed"
