@@ -316,7 +316,8 @@ def start_router(
     procs: Processes, target: Target, engines: Sequence[Engine], shape: WorkloadShape
 ) -> tuple[Proc, int]:
     port, metrics = free_port(), free_port()
-    proc = procs.start(target.name.replace(" ", "-"), target.command(port, metrics, engines), port)
+    log_name = re.sub(r"[^A-Za-z0-9_.-]+", "-", target.name)
+    proc = procs.start(log_name, target.command(port, metrics, engines), port)
     wait_until(lambda: _probe_ok(port, shape), 60, f"{target.name} to answer a chat", proc)
     if target.name.startswith("headcount"):
         # Until every engine is ready, headcount routes over the ones it has probed.
