@@ -62,6 +62,12 @@ class View:
     async def health(self) -> tuple[int, Any]:
         return await self.get("/health")
 
+    async def reasons(self) -> list[str]:
+        """`/health`'s reasons."""
+        _, body = await self.health()
+        reasons: list[str] = body["reasons"]
+        return reasons
+
     async def not_engines(self) -> dict[str, str]:
         """`/engines`' `not_engines`: name -> reason (each with state `not_an_engine`)."""
         _, body = await self.get("/engines")
@@ -109,50 +115,41 @@ async def router_view(
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_a_wrong_namespace_is_named_in_the_health_reason(
-    api: ApiServerSim, tmp_path: Path
+@pytest.mark.parametrize(
+    ("namespace", "selector"),
+    [("default", "app=vllm"), ("llm", "app=vlm")],
+    ids=["wrong namespace", "selector typo"],
+)
+async def test_a_wrong_namespace_or_selector_is_named_in_the_health_reason(
+    api: ApiServerSim, tmp_path: Path, namespace: str, selector: str
 ) -> None:
     api.apply_pod(make_pod("engine-0", namespace="llm", labels=ENGINE, ip="10.0.0.1"))
-    async with router_view(api, tmp_path, namespace="default") as view:
+    async with router_view(api, tmp_path, namespace=namespace, selector=selector) as view:
         status, body = await view.health()
         assert status == 503
         assert (
-            "no routable engine: no pods match selector app=vllm in namespace default"
-            in (body["reasons"])
+            f"no routable engine: no pods match selector {selector} in namespace {namespace}"
+            in body["reasons"]
         )
         (source,) = body["sources"]
         assert source["watches"] == {
             "resources": ["pods"],
-            "namespace": "default",
-            "label_selector": "app=vllm",
+            "namespace": namespace,
+            "label_selector": selector,
         }
         assert (source["objects"], source["engines"], source["not_engines"]) == (0, 0, {})
 
 
-async def test_a_selector_typo_is_named_in_the_health_reason(
-    api: ApiServerSim, tmp_path: Path
-) -> None:
-    api.apply_pod(make_pod("engine-0", namespace="llm", labels=ENGINE, ip="10.0.0.1"))
-    async with router_view(api, tmp_path, selector="app=vlm") as view:
-        _, body = await view.health()
-        assert (
-            "no routable engine: no pods match selector app=vlm in namespace llm"
-            in (body["reasons"])
-        )
-
-
-async def test_an_empty_fleet_says_nothing_matches_and_turns_ok_once_an_engine_comes(
+async def test_an_empty_fleet_says_nothing_matches_until_an_engine_comes(
     api: ApiServerSim, tmp_path: Path
 ) -> None:
     async with router_view(api, tmp_path) as view:
-        _, body = await view.health()
-        assert body["reasons"] == [
+        assert await view.reasons() == [
             "no routable engine: no pods match selector app=vllm in namespace llm"
         ]
         api.apply_pod(make_pod("engine-0", namespace="llm", labels=ENGINE, ip="10.0.0.1"))
         await wait_until(lambda: len(view.fleet.snapshot.engines) == 1, what="the new engine")
-        _, body = await view.health()
-        assert body["reasons"] == [
+        assert await view.reasons() == [
             "no routable engine: 1 pod matches selector app=vllm in namespace llm: "
             "1 engine, none routable (1 pending)"
         ]
@@ -196,8 +193,7 @@ async def test_watch_events_move_a_pod_between_not_an_engine_and_engine(
         api.delete_pod("llm", "warming", graceful=True)
         await wait_until(lambda: not view.fleet.snapshot.engines, what="terminating: out")
         assert await view.not_engines() == {"llm/warming": "terminating"}
-        _, body = await view.health()
-        assert body["reasons"] == [
+        assert await view.reasons() == [
             "no routable engine: 1 pod matches selector app=vllm in namespace llm "
             "but none is an engine: 1 terminating"
         ]
