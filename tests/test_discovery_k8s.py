@@ -102,7 +102,10 @@ async def discovery(
     fleet = new_fleet()
     async with client_for(api, tmp_path) as client:
         source = k8s_source(
-            settings, fleet, lambda resource: lister_watcher(client, resource, "default", settings)
+            settings,
+            fleet,
+            lambda resource: lister_watcher(client, resource, "default", settings),
+            "default",
         )
         async with running(source):
             await wait_until(lambda: source.status.watch_connected, what="sync and watch")

@@ -1,4 +1,5 @@
-"""`pod_to_spec`: which pods are engines, and what the fleet reads from them (pure, no I/O)."""
+"""`pod_to_spec`: which pods are engines, why the others are not, and what the fleet reads
+from them (pure, no I/O)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from headcount.discovery.pods import pod_to_spec
+from headcount.discovery.pods import pod_engine, pod_to_spec, why_not_an_engine
 from headcount.fleet import EngineSpec
 
 
@@ -61,22 +62,32 @@ def test_a_running_ready_pod_with_an_ip_is_an_engine() -> None:
 
 
 @pytest.mark.parametrize(
-    ("case", "the_pod"),
+    ("case", "the_pod", "reason"),
     [
-        ("no IP yet", pod(ip=None)),
-        ("empty IP", pod(ip="")),
-        ("Pending", pod(phase="Pending")),
-        ("Succeeded", pod(phase="Succeeded")),
-        ("Failed", pod(phase="Failed")),
-        ("Ready=False", pod(ready="False")),
-        ("Ready=Unknown", pod(ready="Unknown")),
-        ("no Ready condition", pod(ready=None)),
-        ("being deleted", pod(deleting=True)),
-        ("no status at all", {"metadata": pod()["metadata"]}),
+        ("no IP yet", pod(ip=None), "no IP"),
+        ("empty IP", pod(ip=""), "no IP"),
+        ("Pending", pod(phase="Pending", ip=None), "pending"),
+        ("Succeeded", pod(phase="Succeeded"), "succeeded"),
+        ("Failed", pod(phase="Failed"), "failed"),
+        ("an unknown phase", pod(phase="Unknown"), "not running"),
+        ("Ready=False", pod(ready="False"), "not ready"),
+        ("Ready=Unknown", pod(ready="Unknown"), "not ready"),
+        ("no Ready condition", pod(ready=None), "not ready"),
+        ("being deleted", pod(deleting=True), "terminating"),
+        ("no status at all", {"metadata": pod()["metadata"]}, "pending"),
     ],
 )
-def test_a_pod_that_cannot_serve_is_not_an_engine(case: str, the_pod: dict[str, Any]) -> None:
+def test_a_pod_that_cannot_serve_is_not_an_engine_and_says_why(
+    case: str, the_pod: dict[str, Any], reason: str
+) -> None:
     assert spec(the_pod) is None, case
+    assert why_not_an_engine(the_pod) == reason, case
+    assert pod_engine(the_pod, source="k8s-pods", engine_port=8000) == reason, case
+
+
+def test_an_engine_pod_has_no_reason_not_to_be_one() -> None:
+    assert why_not_an_engine(pod()) is None
+    assert pod_engine(pod(), source="k8s-pods", engine_port=8000) == spec(pod())
 
 
 def test_an_ipv6_pod_gets_a_bracketed_url() -> None:

@@ -363,6 +363,7 @@ async def test_a_real_reflector_hung_on_a_call_without_timeout_fails_liveness() 
         Fleet(unhealthy_after=ProbeSettings().unhealthy_after),
         WatchWithoutTimeout(),
         engine_port=settings.engine_port,
+        namespace="default",
         label_selector=settings.label_selector,
         timing=reflector_timing(settings),
         name="hung",

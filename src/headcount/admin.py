@@ -6,6 +6,9 @@ lists only what routable engines serve, and health is never green from the
 router's own state alone. With `--routing kv-aware`, `/engines` shows each
 engine's cache index (`kv_index`: state, reason, blocks, capacity, last event
 age) and `/health` judges them; otherwise neither says anything about it.
+`/engines` also lists, under `not_engines`, the objects discovery matched that
+are not engines (state `not_an_engine`, with the reason): they are not in the
+fleet, so nothing probes or routes to them, but an operator sees them.
 
 With `--admin-port` the OpenAI API's `/v1/models` stays on the data port
 (`handle_api`) and the rest moves to the admin port (`handle_admin`); each port
@@ -20,7 +23,7 @@ from typing import Any
 
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount.config import HealthSettings
-from headcount.discovery.source import SourceStatus
+from headcount.discovery.source import NotAnEngine, SourceStatus
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.health import Check, HealthReport, evaluate, render_checks
 from headcount.kv_views import IndexStatus, KvViews
@@ -112,7 +115,12 @@ class AdminApp:
                 views = self._kv_views()
                 for engine, answer in zip(snapshot.engines, engines, strict=True):
                     answer["kv_index"] = _kv_index_json(views.get(engine.id))
-            return LocalResponse.json(200, {"engines": engines})
+            not_engines = [
+                _not_engine_json(entry, source.name)
+                for source in self._sources
+                for entry in sorted(source.not_engines.values(), key=lambda e: e.name)
+            ]
+            return LocalResponse.json(200, {"engines": engines, "not_engines": not_engines})
         if path == "/metrics":
             return LocalResponse(200, await self._metrics.render(), METRICS_CONTENT_TYPE)
         if path == "/health":
@@ -189,6 +197,17 @@ def _engine_json(engine: Engine, snapshot: Snapshot, now: float) -> dict[str, An
             "last_ejection_reason": ejection.reason,
             "consecutive_errors": engine.load.consecutive_errors,
         },
+    }
+
+
+def _not_engine_json(entry: NotAnEngine, source: str) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "name": entry.name,
+        "object": entry.object_ref,
+        "source": source,
+        "state": "not_an_engine",
+        "reason": entry.reason,
     }
 
 

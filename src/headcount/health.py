@@ -10,18 +10,24 @@ the router's own state alone; the router's own resources running out (file
 descriptors, the connection limit) make it degraded. With `--routing kv-aware`,
 a routable engine whose cache index is stale or off makes it degraded too
 (never unavailable: routing falls back to load for that engine).
+
+Without a routable engine, the reason says why, source by source
+(`explain_no_engine`): what it watches, how many objects match, and what the
+matched ones are instead (not engines, by reason; engines, by state), so a
+wrong namespace, a selector typo and pods that are not ready read apart.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from headcount.config import HealthSettings
-from headcount.discovery.source import SourceStatus
-from headcount.fleet import Snapshot
+from headcount.discovery.source import SourceStatus, Watched
+from headcount.fleet import Engine, Snapshot
 from headcount.kv_views import IndexStatus
 from headcount.kvindex.trust import IndexTrust
 
@@ -31,6 +37,7 @@ __all__ = [
     "HealthReport",
     "Status",
     "evaluate",
+    "explain_no_engine",
     "kv_index_check",
     "render_checks",
 ]
@@ -99,6 +106,7 @@ def evaluate(
         if s.can_go_stale and _age(s.last_success, now) > settings.discovery_stale_after
     ]
     unsynced = [s.name for s in sources if not s.synced]
+    no_engine = "" if routable else explain_no_engine(sources, snapshot)
 
     ready = [
         Check(
@@ -109,7 +117,7 @@ def evaluate(
         Check("shutdown", not shutting_down, "shutting down" if shutting_down else ""),
     ]
     if settings.ready_requires_engines:
-        ready.append(Check("engines", routable > 0, "" if routable else "no routable engine"))
+        ready.append(Check("engines", routable > 0, no_engine))
     if settings.ready_requires_fresh:
         reason = f"discovery stale: {', '.join(stale)}" if stale else ""
         ready.append(Check("fresh", not stale, reason))
@@ -129,17 +137,74 @@ def evaluate(
             dict.fromkeys(
                 [c.reason for c in (*live, *ready) if not c.ok]
                 + ([f"discovery stale: {', '.join(stale)}"] if stale else [])
-                + (["no routable engine"] if routable == 0 else [])
+                + ([no_engine] if no_engine else [])
                 + list(local_problems)
                 + ([kv_check.reason] if kv_check is not None and not kv_check.ok else [])
             )
         ),
         "engines": {"routable": routable, **{state.value: n for state, n in counts.items()}},
-        "sources": [_describe_source(s, now) for s in sources],
+        "sources": [_describe_source(s, snapshot, now) for s in sources],
     }
     if kv_check is not None:
         body[KV_INDEX_CHECK] = {"ok": kv_check.ok, "reason": kv_check.reason}
     return HealthReport(status, live, tuple(ready), body)
+
+
+def explain_no_engine(sources: Sequence[SourceStatus], snapshot: Snapshot) -> str:
+    """`no routable engine: ...` and why, from what each source watches and matched."""
+    reasons = []
+    for source in sources:
+        engines = [engine for engine in snapshot.engines if engine.spec.source == source.name]
+        reason = _explain_source(source, engines)
+        reasons.append(reason if len(sources) == 1 else f"{source.name}: {reason}")
+    return ": ".join(["no routable engine", *(["; ".join(reasons)] if reasons else [])])
+
+
+def _explain_source(source: SourceStatus, engines: Sequence[Engine]) -> str:
+    if not source.synced:
+        return "first sync not done"
+    noun, where = _watched(source.watches)
+    not_engines = source.not_engine_counts()
+    matched = len(engines) + sum(not_engines.values())
+    if matched == 0:
+        return f"no {noun} match{where}"
+    head = f"{_plural(matched, noun.removesuffix('s'), noun)} match{'es' if matched == 1 else ''}"
+    head += where
+    if not engines:
+        return f"{head} but none is an engine: {_counted(not_engines)}"
+    states = Counter(engine.state.value for engine in engines)
+    parts = [f"{_plural(len(engines), 'engine')}, none routable ({_counted(states)})"]
+    if not_engines:
+        parts.append(
+            f"{_plural(sum(not_engines.values()), 'not an engine', 'not engines')} "
+            f"({_counted(not_engines)})"
+        )
+    return f"{head}: {'; '.join(parts)}"
+
+
+def _watched(watched: Watched | None) -> tuple[str, str]:
+    """(the plural noun, ` selector S in namespace N`) of what a source watches."""
+    if watched is None:
+        return "objects", ""
+    where = ""
+    if watched.label_selector:
+        where += f" selector {watched.label_selector}"
+    if watched.namespace is not None:
+        where += f" in namespace {watched.namespace}"
+    return watched.resource, where
+
+
+def _counted(counts: Counter[str]) -> str:
+    """`2 not ready, 1 pending`: most frequent first, ties by name."""
+    return ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=_by_count))
+
+
+def _by_count(item: tuple[str, int]) -> tuple[int, str]:
+    return -item[1], item[0]
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def kv_index_check(snapshot: Snapshot, indexes: Mapping[str, IndexStatus]) -> Check:
@@ -196,10 +261,23 @@ def _rounded_age(then: float | None, now: float) -> float | None:
     return None if then is None else round(now - then, 3)
 
 
-def _describe_source(source: SourceStatus, now: float) -> dict[str, Any]:
+def _describe_source(source: SourceStatus, snapshot: Snapshot, now: float) -> dict[str, Any]:
+    engines = sum(engine.spec.source == source.name for engine in snapshot.engines)
+    not_engines = source.not_engine_counts()
+    watched = source.watches
     return {
         "name": source.name,
         "kind": source.kind,
+        "watches": None
+        if watched is None
+        else {
+            "resources": [watched.resource, *watched.also],
+            "namespace": watched.namespace,
+            "label_selector": watched.label_selector,
+        },
+        "objects": engines + sum(not_engines.values()),
+        "engines": engines,
+        "not_engines": dict(sorted(not_engines.items(), key=_by_count)),
         "synced": source.synced,
         "watch_connected": source.watch_connected,
         "last_list_age_seconds": _rounded_age(source.last_list_success, now),

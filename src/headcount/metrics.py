@@ -9,12 +9,15 @@ label set start at zero. Everything that describes the fleet or discovery
 a snapshot when scraped, so an engine's series disappear with the engine; so
 are the `headcount_kv_*` series of the engines' cache indexes, present only with
 `--routing kv-aware`. The text is rendered in a worker thread so a scrape never
-stalls the event loop.
+stalls the event loop. A source that cannot go stale (a static list) is in sync
+at every scrape: its `headcount_discovery_last_sync_timestamp_seconds` is the
+scrape's time, so freshness alerts never fire for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from headcount.clock import Clock
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
 from headcount.kv_views import IndexStatus, KvViews
@@ -57,10 +61,13 @@ class Metrics:
         sources: Sequence[SourceStatus] = (),
         *,
         kv_views: KvViews | None = None,
+        wall_clock: Clock = time.time,
     ) -> None:
-        """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None."""
+        """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None;
+        `wall_clock`: Unix time, the last sync of a source that cannot go stale."""
         self._snapshot = snapshot
         self._sources = sources
+        self._wall_clock = wall_clock
         self._kv_views = kv_views
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
@@ -162,7 +169,8 @@ class Metrics:
         """The exposition text, built off the event loop from one snapshot."""
         snapshot = self._snapshot()
         fleet = _FleetCollector(snapshot)
-        discovery = _DiscoveryCollector([_SourceSample.of(s) for s in self._sources])
+        now = self._wall_clock()
+        discovery = _DiscoveryCollector([_SourceSample.of(s, now) for s in self._sources])
         collectors: list[_Collector] = [self.registry, fleet, discovery]
         if self._kv_views is not None:
             views = self._kv_views()
@@ -226,10 +234,12 @@ class _SourceSample:
     can_go_stale: bool
 
     @classmethod
-    def of(cls, status: SourceStatus) -> _SourceSample:
+    def of(cls, status: SourceStatus, now: float) -> _SourceSample:
+        """`now`: Unix time, the last sync of a synced source that cannot go stale."""
+        in_sync_now = status.synced and not status.can_go_stale
         return cls(
             status.name,
-            status.wall_last_sync,
+            now if in_sync_now else status.wall_last_sync,
             status.watch_connected,
             tuple(status.relists.items()),
             status.removed_by_relist,
@@ -244,7 +254,8 @@ class _DiscoveryCollector:
     def collect(self) -> Iterator[Metric]:
         last_sync = GaugeMetricFamily(
             "headcount_discovery_last_sync_timestamp_seconds",
-            "Unix time of the last successful LIST or watch event, per source.",
+            "Unix time of the last successful LIST or watch event, per source "
+            "(the scrape's time for a static list, which is always in sync).",
             labels=["source"],
         )
         connected = GaugeMetricFamily(

@@ -54,9 +54,13 @@ def lister_watcher(
 
 
 def k8s_source(
-    settings: DiscoverySettings, fleet: Fleet, lister_watchers: Callable[[str], ListerWatcher]
+    settings: DiscoverySettings,
+    fleet: Fleet,
+    lister_watchers: Callable[[str], ListerWatcher],
+    namespace: str,
 ) -> DiscoverySource:
-    """The pod or Service source `settings.mode` asks for, over `lister_watchers(resource)`."""
+    """The pod or Service source `settings.mode` asks for, over `lister_watchers(resource)`
+    (which list in `namespace`)."""
     _require_kubernetes_mode(settings.mode)
     timing = reflector_timing(settings)
     if settings.mode is DiscoveryMode.K8S_PODS:
@@ -64,6 +68,7 @@ def k8s_source(
             fleet,
             lister_watchers("pods"),
             engine_port=settings.engine_port,
+            namespace=namespace,
             label_selector=settings.label_selector,
             timing=timing,
         )
@@ -72,6 +77,7 @@ def k8s_source(
         lister_watchers("services"),
         lister_watchers("endpointslices"),
         engine_port=settings.engine_port,
+        namespace=namespace,
         label_selector=settings.label_selector,
         timing=timing,
     )
@@ -108,7 +114,10 @@ async def build_k8s_source(settings: DiscoverySettings, fleet: Fleet) -> Discove
     api = ApiClient(kube.configuration)
     api.user_agent = f"headcount/{__version__}"
     source = k8s_source(
-        settings, fleet, lambda resource: lister_watcher(api, resource, namespace, settings)
+        settings,
+        fleet,
+        lambda resource: lister_watcher(api, resource, namespace, settings),
+        namespace,
     )
     _log.info(
         "discovery: %s in namespace %s (label selector %r) via %s at %s",

@@ -1,13 +1,15 @@
 """Engines from Kubernetes pods: the pure pod mapping and the source that watches pods.
 
 `pod_to_spec` decides what a pod means for the fleet and nothing else: a pod
-is an engine when it has an IP, runs, is Ready and is not being deleted. Its
+is an engine when it has an IP, runs, is Ready and is not being deleted;
+`why_not_an_engine` names what it lacks otherwise (`pod_engine` answers both). Its
 `kv-events-port` and `kv-events-replay-port` annotations (`kv_event_ports`,
 shared with Services) say where its KV events are published; a malformed one
 is ignored with a warning, the engine still routable.
 `PodSource` keeps the fleet's engines equal to the pods that map to one: every
 LIST is a full reconcile (each engine it removes is a deletion the watch
-missed, counted and logged), every watch event an upsert or a removal.
+missed, counted and logged), every watch event an upsert or a removal. The
+pods it matched that are not engines are kept in its status with the reason.
 """
 
 from __future__ import annotations
@@ -22,18 +24,23 @@ from typing import Any
 
 from headcount.clock import Clock, Sleep
 from headcount.discovery.isolation import Isolation
-from headcount.discovery.listwatch import KubeObject, ListerWatcher
+from headcount.discovery.listwatch import KubeObject, ListerWatcher, object_key
 from headcount.discovery.reflector import Reflector, ReflectorTiming
-from headcount.discovery.source import SourceStatus
+from headcount.discovery.source import NotAnEngine, SourceStatus, Watched
 from headcount.fleet import EngineSpec, Fleet
 
 __all__ = [
     "KV_EVENTS_PORT_ANNOTATION",
     "KV_EVENTS_REPLAY_PORT_ANNOTATION",
     "PodSource",
+    "apply_observed",
     "kv_event_ports",
+    "not_an_engine",
+    "pod_engine",
     "pod_to_spec",
     "reconcile_listed",
+    "reconcile_observed",
+    "why_not_an_engine",
 ]
 
 _log = logging.getLogger(__name__)
@@ -76,18 +83,39 @@ def _port_annotation(annotations: Mapping[str, Any], key: str, where: str) -> in
     return None
 
 
+_PHASES = {None: "pending", "Pending": "pending", "Succeeded": "succeeded", "Failed": "failed"}
+"""A pod's phase other than Running, in the words `/health` counts it by."""
+
+
+def why_not_an_engine(pod: KubeObject) -> str | None:
+    """Why a pod is not an engine now (`terminating`, `pending`, `no IP`, `not ready`...),
+    or None when it is one (raises if malformed)."""
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp"):
+        return "terminating"
+    phase = status.get("phase")
+    if phase != "Running":
+        return _PHASES.get(phase, "not running")
+    if not status.get("podIP"):
+        return "no IP"
+    if not _is_ready(status):
+        return "not ready"
+    return None
+
+
 def pod_to_spec(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec | None:
     """The engine a pod stands for, or None while it is not one (raises if malformed)."""
+    engine = pod_engine(pod, source=source, engine_port=engine_port)
+    return engine if isinstance(engine, EngineSpec) else None
+
+
+def pod_engine(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec | str:
+    """The engine a pod stands for, or why it is not one (raises if malformed)."""
+    reason = why_not_an_engine(pod)
+    if reason is not None:
+        return reason
     metadata = pod["metadata"]
-    status = pod.get("status") or {}
-    ip = status.get("podIP")
-    if (
-        not ip
-        or status.get("phase") != "Running"
-        or metadata.get("deletionTimestamp")
-        or not _is_ready(status)
-    ):
-        return None
+    ip = pod["status"]["podIP"]
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
@@ -127,6 +155,15 @@ def _is_ready(status: Mapping[str, Any]) -> bool:
     )
 
 
+def not_an_engine(obj: KubeObject, kind: str, reason: str) -> NotAnEngine:
+    """The record of a matched `kind` object (`pod`, `service`) that is not an engine."""
+    uid, _ = object_key(obj)
+    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+    fields = metadata if isinstance(metadata, Mapping) else {}
+    name = f"{fields.get('namespace', '?')}/{fields.get('name', '?')}"
+    return NotAnEngine(id=uid, name=name, object_ref=f"{kind}/{name}", reason=reason)
+
+
 def reconcile_listed(fleet: Fleet, status: SourceStatus, specs: list[EngineSpec]) -> None:
     """Apply a LIST as a full replace; count and log what it removed: deletions the watch missed."""
     before = fleet.snapshot.by_id
@@ -142,6 +179,29 @@ def reconcile_listed(fleet: Fleet, status: SourceStatus, specs: list[EngineSpec]
     )
 
 
+def reconcile_observed(
+    fleet: Fleet, status: SourceStatus, observed: list[EngineSpec | NotAnEngine]
+) -> None:
+    """Apply a LIST of mapped objects: the engines to the fleet, the rest to the status."""
+    specs = [engine for engine in observed if isinstance(engine, EngineSpec)]
+    reconcile_listed(fleet, status, specs)
+    status.not_engines = {
+        engine.id: engine for engine in observed if isinstance(engine, NotAnEngine)
+    }
+
+
+def apply_observed(
+    fleet: Fleet, status: SourceStatus, uid: str, observed: EngineSpec | NotAnEngine | None
+) -> None:
+    """Apply one changed object: an engine, a non-engine, or gone (None)."""
+    if isinstance(observed, EngineSpec):
+        status.note(uid, None)
+        fleet.upsert(observed)
+    else:
+        status.note(uid, observed)
+        fleet.remove(uid)
+
+
 class PodSource:
     """Keeps the fleet's engines of `status.name` equal to the engine pods that exist."""
 
@@ -151,13 +211,19 @@ class PodSource:
         pods: ListerWatcher,
         *,
         engine_port: int,
+        namespace: str,
         label_selector: str,
         timing: ReflectorTiming,
         name: str = "k8s-pods",
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self.status = SourceStatus(name=name, kind="k8s-pods")
+        """`namespace`: where `pods` lists (for `/health` to say what is watched)."""
+        self.status = SourceStatus(
+            name=name,
+            kind="k8s-pods",
+            watches=Watched("pods", namespace=namespace, label_selector=label_selector),
+        )
         self._fleet = fleet
         self._engine_port = engine_port
         self._isolation = Isolation(name)
@@ -175,20 +241,19 @@ class PodSource:
     async def run(self) -> None:
         await self._reflector.run()
 
-    def _spec(self, pod: KubeObject) -> EngineSpec | None:
-        return self._isolation.apply(self._map, pod)
+    def _engine(self, pod: KubeObject) -> EngineSpec | NotAnEngine:
+        engine = self._isolation.apply(self._map, pod)
+        if isinstance(engine, EngineSpec):
+            return engine
+        return not_an_engine(pod, "pod", "malformed" if engine is None else engine)
 
-    def _map(self, pod: KubeObject) -> EngineSpec | None:
-        return pod_to_spec(pod, source=self.status.name, engine_port=self._engine_port)
+    def _map(self, pod: KubeObject) -> EngineSpec | str:
+        return pod_engine(pod, source=self.status.name, engine_port=self._engine_port)
 
     def _on_list(self, pods: list[KubeObject]) -> None:
-        specs = [spec for pod in pods if (spec := self._spec(pod)) is not None]
-        reconcile_listed(self._fleet, self.status, specs)
+        reconcile_observed(self._fleet, self.status, [self._engine(pod) for pod in pods])
 
     def _on_event(self, kind: str, pod: KubeObject) -> None:
         uid = str(pod["metadata"]["uid"])
-        spec = None if kind == "DELETED" else self._spec(pod)
-        if spec is None:
-            self._fleet.remove(uid)
-        else:
-            self._fleet.upsert(spec)
+        engine = None if kind == "DELETED" else self._engine(pod)
+        apply_observed(self._fleet, self.status, uid, engine)

@@ -6,7 +6,8 @@ Service's cluster DNS name, ready iff any endpoint is ready. `ServiceSource`
 runs two reflectors, one over the selected Services and one over the
 namespace's EndpointSlices, and recomputes a Service whenever either side
 changes: a slice whose endpoints turn ready updates the engine though the
-Service itself never changed.
+Service itself never changed. A selected Service that can never be an engine
+(`unroutable_reason`) is kept in its status with the reason, out of the fleet.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ from typing import Any
 from headcount.clock import Clock, Sleep
 from headcount.discovery.isolation import Isolation
 from headcount.discovery.listwatch import KubeObject, ListerWatcher
-from headcount.discovery.pods import kv_event_ports, reconcile_listed
+from headcount.discovery.pods import (
+    apply_observed,
+    kv_event_ports,
+    not_an_engine,
+    reconcile_observed,
+)
 from headcount.discovery.reflector import Reflector, ReflectorTiming
-from headcount.discovery.source import SourceStatus
+from headcount.discovery.source import NotAnEngine, SourceStatus, Watched
 from headcount.fleet import EngineSpec, Fleet
 
 __all__ = ["SERVICE_NAME_LABEL", "ServiceSource", "service_to_spec", "unroutable_reason"]
@@ -36,13 +42,19 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 def unroutable_reason(service: KubeObject) -> str | None:
     """Why a Service can never be an engine (headless, ExternalName, no port), or None."""
+    unroutable = _unroutable(service)
+    return None if unroutable is None else unroutable[1]
+
+
+def _unroutable(service: KubeObject) -> tuple[str, str] | None:
+    """(the reason in a word or two, in a sentence), or None for a routable Service."""
     spec = service.get("spec") or {}
     if spec.get("type") == "ExternalName":
-        return "an ExternalName Service has no cluster address"
+        return "external name", "an ExternalName Service has no cluster address"
     if spec.get("clusterIP") == "None":
-        return "a headless Service (clusterIP None) has no single address"
+        return "headless", "a headless Service (clusterIP None) has no single address"
     if not spec.get("ports"):
-        return "the Service has no port"
+        return "no port", "the Service has no port"
     return None
 
 
@@ -112,14 +124,24 @@ class ServiceSource:
         endpoint_slices: ListerWatcher,
         *,
         engine_port: int | None,
+        namespace: str,
         label_selector: str,
         timing: ReflectorTiming,
         name: str = "k8s-services",
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        """`endpoint_slices` lists the namespace's slices; only those with the label are read."""
-        self.status = SourceStatus(name=name, kind="k8s-services")
+        """`endpoint_slices` lists the namespace's slices; only those with the label are read.
+
+        `namespace`: where both list (for `/health` to say what is watched).
+        """
+        watched = Watched(
+            "services",
+            namespace=namespace,
+            label_selector=label_selector,
+            also=("endpointslices",),
+        )
+        self.status = SourceStatus(name=name, kind="k8s-services", watches=watched)
         self._fleet = fleet
         self._engine_port = engine_port
         self._isolation = Isolation(name)
@@ -186,9 +208,9 @@ class ServiceSource:
         name, uid = str(service["metadata"]["name"]), str(service["metadata"]["uid"])
         previous = self._services.pop(name, None)
         if previous is not None and str(previous["metadata"]["uid"]) != uid:
-            self._fleet.remove(str(previous["metadata"]["uid"]))
+            apply_observed(self._fleet, self.status, str(previous["metadata"]["uid"]), None)
         if kind == "DELETED":
-            self._fleet.remove(uid)
+            apply_observed(self._fleet, self.status, uid, None)
             return
         self._services[name] = service
         self._refresh(name)
@@ -226,12 +248,13 @@ class ServiceSource:
             del self._slices_of[owner]
         return owner
 
-    def _spec(self, service: KubeObject) -> EngineSpec | None:
-        reason = unroutable_reason(service)
-        if reason is not None:
-            self._isolation.reject(service, reason)
-            return None
-        return self._isolation.apply(self._join, service)
+    def _engine(self, service: KubeObject) -> EngineSpec | NotAnEngine:
+        unroutable = _unroutable(service)
+        if unroutable is not None:
+            self._isolation.reject(service, unroutable[1])
+            return not_an_engine(service, "service", unroutable[0])
+        engine = self._isolation.apply(self._join, service)
+        return not_an_engine(service, "service", "malformed") if engine is None else engine
 
     def _join(self, service: KubeObject) -> EngineSpec | None:
         name = str(service["metadata"]["name"])
@@ -244,19 +267,17 @@ class ServiceSource:
         """A LIST on either side: make the fleet equal to the join, count what it removed."""
         if not self._joined:
             return
-        specs = [s for service in self._services.values() if (s := self._spec(service)) is not None]
-        reconcile_listed(self._fleet, self.status, specs)
+        engines = [self._engine(service) for service in self._services.values()]
+        reconcile_observed(self._fleet, self.status, engines)
 
     def _refresh(self, service_name: str) -> None:
         """An event on either side: recompute one Service's engine."""
         service = self._services.get(service_name)
         if service is None or not self._joined:
             return
-        spec = self._spec(service)
-        if spec is None:
-            self._fleet.remove(str(service["metadata"]["uid"]))
-        else:
-            self._fleet.upsert(spec)
+        apply_observed(
+            self._fleet, self.status, str(service["metadata"]["uid"]), self._engine(service)
+        )
 
     def _merge_status(self) -> None:
         """The joined source is as fresh as its stalest side, and connected when both are."""

@@ -1,8 +1,11 @@
 """What every discovery source is and reports: the contract between discovery and health.
 
 A source runs forever, keeps the fleet's engines for its name equal to what it
-observes, and records in `SourceStatus` how fresh that observation is. Health
-and metrics read the status; nothing else about a source is visible to them.
+observes, and records in `SourceStatus` how fresh that observation is, what it
+watches (`Watched`) and the objects it matched that are not engines
+(`NotAnEngine`, kept beside the fleet, never in it: never probed nor routed to).
+Health, `/engines` and metrics read the status; nothing else about a source is
+visible to them.
 """
 
 from __future__ import annotations
@@ -11,7 +14,34 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["DiscoverySource", "SourceStatus"]
+__all__ = ["DiscoverySource", "NotAnEngine", "SourceStatus", "Watched"]
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """What a source observes, in the words `/health` explains an empty fleet with."""
+
+    resource: str
+    """The objects that become engines: `pods`, `services` or `backends` (static)."""
+    namespace: str | None = None
+    label_selector: str | None = None
+    also: tuple[str, ...] = ()
+    """Other resources read beside it (`endpointslices` for Services)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotAnEngine:
+    """An object the source matched that is not an engine now, and why in a word or two.
+
+    Reasons: `pending`, `not ready`, `no IP`, `terminating`, `failed`, `succeeded`,
+    `not running` (pods); `no port`, `headless`, `external name` (Services);
+    `malformed` (either, the log says how).
+    """
+
+    id: str
+    name: str
+    object_ref: str
+    reason: str
 
 
 @dataclass
@@ -43,6 +73,20 @@ class SourceStatus:
     """Unix time of the last successful LIST or watch event (for the metric timestamp)."""
     can_go_stale: bool = True
     """Whether freshness applies: False for a static list, which has nothing to go stale."""
+    watches: Watched | None = None
+    not_engines: dict[str, NotAnEngine] = field(default_factory=dict)
+    """Matched objects that are not engines, by UID: what `/engines` lists beside the fleet."""
+
+    def note(self, uid: str, not_engine: NotAnEngine | None) -> None:
+        """Record that the object `uid` is not an engine (why), or no longer a non-engine."""
+        if not_engine is None:
+            self.not_engines.pop(uid, None)
+        else:
+            self.not_engines[uid] = not_engine
+
+    def not_engine_counts(self) -> Counter[str]:
+        """How many matched objects are not engines, by reason."""
+        return Counter(entry.reason for entry in self.not_engines.values())
 
     @property
     def last_success(self) -> float | None:

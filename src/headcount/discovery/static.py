@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from headcount.clock import Clock
-from headcount.discovery.source import SourceStatus
+from headcount.discovery.source import SourceStatus, Watched
 from headcount.fleet import EngineSpec, Fleet
 
 __all__ = ["StaticSource", "static_specs"]
@@ -38,7 +38,9 @@ class StaticSource:
         self._urls = tuple(urls)
         self._clock = clock
         self._wall_clock = wall_clock
-        self.status = SourceStatus(name=SOURCE, kind=SOURCE, can_go_stale=False)
+        self.status = SourceStatus(
+            name=SOURCE, kind=SOURCE, can_go_stale=False, watches=Watched("backends")
+        )
 
     async def run(self) -> None:
         self._fleet.reconcile(SOURCE, static_specs(self._urls))
