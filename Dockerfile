@@ -10,7 +10,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/headcount
 WORKDIR /src
-COPY requirements.lock pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml README.md LICENSE ./
 COPY src/ ./src/
 # The lock pins every dependency, dev tools included; used as constraints it
 # pins versions while only headcount's runtime dependencies get installed.

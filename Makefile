@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench bench-hostile bench-soak bench-routing clean
+.PHONY: install test lint typecheck pytest demo bench bench-hostile bench-soak bench-routing clean image
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
@@ -64,6 +64,13 @@ bench-hostile: install
 # The 10-minute chaos soak; exits non-zero when one of its checks fails.
 bench-soak: install
 	$(BIN)/python bench/soak.py
+
+# The router image (needs Docker); deploy/base runs $(IMAGE) as tagged by default.
+# For a registry: make image IMAGE=registry.example.com/platform/headcount:0.1.0
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= headcount:$(VERSION)
+image:
+	docker build --tag $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -2,9 +2,13 @@
 
 Each kustomize overlay is rendered with Debian's kubectl (whose kustomize is
 old, so this also proves the kustomizations stay portable) and every object is
-validated offline against the Kubernetes schemas. The Deployment's hardening,
-probes and drain budget, the Role's exact grants, and the metric names the
-alerts and dashboard rely on are checked against the contracts of DESIGN.md.
+validated offline against the Kubernetes schemas; so is each overlay with the
+optional components (ServiceMonitor, PrometheusRule, autoscaler), composed as
+kustomize would compose them, since that kustomize predates components. The
+Deployment's hardening, probes and drain budget, the Role's exact grants, and
+the metric names the alerts and dashboard rely on are checked against the
+contracts of docs/ARCHITECTURE.md and the README; the PrometheusRule must be
+the current output of its generator over the alert rules file.
 External tools are found through `$HEADCOUNT_KUBECTL`, `$HEADCOUNT_PROMTOOL`
 and `$HEADCOUNT_HADOLINT`, else under .cache/ and in the venv; a test needing
 a missing one is skipped with the reason.
@@ -17,6 +21,7 @@ import fnmatch
 import json
 import os
 import re
+import runpy
 import shlex
 import shutil
 import subprocess
@@ -56,6 +61,8 @@ _DISCOVERY_RESOURCES = {
     "services": {("", "services"), ("discovery.k8s.io", "endpointslices")},
 }
 _RUNTIME_UID = 10001
+COMPONENTS = DEPLOY / "components"
+_OPERATOR_GROUP = "monitoring.coreos.com"
 
 
 # ---------------------------------------------------------------- tools
@@ -97,8 +104,8 @@ def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # ---------------------------------------------------------------- rendered manifests
 
 
-def _render(overlay: str) -> list[dict[str, Any]]:
-    result = _run(_kubectl(), "kustomize", f"deploy/overlays/{overlay}")
+def _render(overlay: str, root: Path = ROOT) -> list[dict[str, Any]]:
+    result = _run(_kubectl(), "kustomize", str(root / "deploy" / "overlays" / overlay))
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -163,14 +170,21 @@ def test_overlay_renders_one_of_each_object(rendered: list[dict[str, Any]]) -> N
 def test_every_rendered_object_is_valid_kubernetes(
     rendered: list[dict[str, Any]], version: str
 ) -> None:
+    assert _invalid(rendered, version) == []
+
+
+def _invalid(docs: list[dict[str, Any]], version: str) -> list[str]:
+    """What the Kubernetes schemas of `version` reject in `docs` (CRD objects excluded)."""
     problems = []
-    for doc in rendered:
+    for doc in docs:
+        if doc["apiVersion"].startswith(_OPERATOR_GROUP + "/"):
+            continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as error:
             path = ".".join(str(part) for part in error.path)
             problems.append(f"{doc['kind']}/{doc['metadata']['name']} at {path}: {error.message}")
-    assert problems == []
+    return problems
 
 
 def test_deployment_runs_unprivileged_on_a_read_only_root(rendered: list[dict[str, Any]]) -> None:
@@ -310,6 +324,212 @@ def test_replicas_spread_across_nodes(rendered: list[dict[str, Any]]) -> None:
     by_node = constraints["kubernetes.io/hostname"]
     assert by_node["maxSkew"] == 1
     assert _selects(by_node["labelSelector"]["matchLabels"], _pod_labels(rendered))
+
+
+# ---------------------------------------------------------------- optional components
+
+_COMPONENT_FIELDS = frozenset({"apiVersion", "kind", "resources", "patchesJson6902"})
+_SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+
+
+def _component(name: str) -> dict[str, Any]:
+    kustomization: dict[str, Any] = yaml.safe_load(
+        (COMPONENTS / name / "kustomization.yaml").read_text()
+    )
+    return kustomization
+
+
+def _component_names() -> list[str]:
+    return sorted(path.parent.name for path in COMPONENTS.glob("*/kustomization.yaml"))
+
+
+def _compose(overlay: str, components: list[str], root: Path) -> list[dict[str, Any]]:
+    """The overlay with `components`, as kustomize renders `components:`.
+
+    kubectl 1.20's kustomize has no components, so a copy of deploy/ under
+    `root` gets an overlay that takes `overlay` as its base and each
+    component's resources and JSON patches: for a component with only those
+    fields, kustomize's own composition gives the same objects.
+    """
+    shutil.copytree(DEPLOY, root / "deploy")
+    site = root / "deploy" / "overlays" / "composed"
+    site.mkdir()
+    resources: list[str] = []
+    patches: list[dict[str, Any]] = []
+    for name in components:
+        for resource in _component(name).get("resources", []):
+            shutil.copy(COMPONENTS / name / resource, site / f"{name}-{resource}")
+            resources.append(f"{name}-{resource}")
+        for patch in _component(name).get("patchesJson6902", []):
+            shutil.copy(COMPONENTS / name / patch["path"], site / f"{name}-{patch['path']}")
+            patches.append({**patch, "path": f"{name}-{patch['path']}"})
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "bases": [f"../{overlay}"],
+        "resources": resources,
+        "patchesJson6902": patches,
+    }
+    (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return _render("composed", root)
+
+
+@pytest.fixture(scope="module")
+def composed(overlay: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return _compose(overlay, _component_names(), tmp_path_factory.mktemp(f"composed-{overlay}"))
+
+
+def test_components_hold_only_what_the_composition_reproduces() -> None:
+    assert _component_names() == ["autoscaling", "prometheus-rule", "service-monitor"]
+    for name in _component_names():
+        component = _component(name)
+        assert (component["apiVersion"], component["kind"]) == (
+            "kustomize.config.k8s.io/v1alpha1",
+            "Component",
+        ), name
+        assert component.keys() <= _COMPONENT_FIELDS, name
+        listed = set(component["resources"]) | {
+            p["path"] for p in component.get("patchesJson6902", [])
+        }
+        present = {path.name for path in (COMPONENTS / name).glob("*.yaml")}
+        assert present - {"kustomization.yaml"} == listed, name
+
+
+def test_overlay_with_every_component_adds_their_objects(
+    composed: list[dict[str, Any]], rendered: list[dict[str, Any]]
+) -> None:
+    added = sorted(doc["kind"] for doc in composed)
+    for doc in rendered:
+        added.remove(doc["kind"])
+    assert added == ["HorizontalPodAutoscaler", "PrometheusRule", "ServiceMonitor"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_overlay_with_every_component_is_valid_kubernetes(
+    composed: list[dict[str, Any]], version: str
+) -> None:
+    assert _invalid(composed, version) == []
+
+
+def test_service_monitor_scrapes_the_routers_metrics_port(
+    composed: list[dict[str, Any]],
+) -> None:
+    monitor = _one(composed, "ServiceMonitor")
+    assert monitor["apiVersion"] == f"{_OPERATOR_GROUP}/v1"
+    service = _one(composed, "Service")
+    assert _selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert "namespaceSelector" not in monitor["spec"], "the router's own namespace"
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint.keys() <= {"port", "path", "interval", "scrapeTimeout"}
+    ports = {port["name"]: port["targetPort"] for port in service["spec"]["ports"]}
+    assert ports[endpoint["port"]] == "http", "the container port serving /metrics"
+    assert endpoint["path"] == "/metrics"
+
+
+def test_service_monitor_replaces_annotation_scraping(
+    composed: list[dict[str, Any]], rendered: list[dict[str, Any]]
+) -> None:
+    def annotations(docs: list[dict[str, Any]]) -> dict[str, str]:
+        found: dict[str, str] = _one(docs, "Deployment")["spec"]["template"]["metadata"].get(
+            "annotations", {}
+        )
+        return found
+
+    assert set(_SCRAPE_ANNOTATIONS) <= annotations(rendered).keys()
+    assert set(_SCRAPE_ANNOTATIONS).isdisjoint(annotations(composed))
+
+
+def _rule_generator() -> Any:
+    return runpy.run_path(str(COMPONENTS / "prometheus-rule" / "generate.py"))
+
+
+def test_prometheus_rule_is_the_generated_copy_of_the_rules_file() -> None:
+    generator = _rule_generator()
+    expected = generator["render"](RULES.read_text())
+    assert generator["TARGET"].read_text() == expected, (
+        "deploy/prometheus/rules.yaml changed: run "
+        "`python3 deploy/components/prometheus-rule/generate.py`"
+    )
+
+
+def test_prometheus_rule_holds_every_alert_rule(composed: list[dict[str, Any]]) -> None:
+    rule = _one(composed, "PrometheusRule")
+    assert rule["apiVersion"] == f"{_OPERATOR_GROUP}/v1"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_rule_generator_would_catch_an_edited_rule() -> None:
+    render = _rule_generator()["render"]
+    rules = RULES.read_text()
+    edited = rules.replace("for: 2m", "for: 20m", 1)
+    assert edited != rules
+    assert yaml.safe_load(render(edited))["spec"] == yaml.safe_load(edited)
+    assert render(edited) != render(rules)
+
+
+def test_prometheus_rule_passes_promtool_check(
+    composed: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    rule_file = tmp_path / "spec.yaml"
+    rule_file.write_text(yaml.safe_dump(_one(composed, "PrometheusRule")["spec"]))
+    result = _run(_promtool(), "check", "rules", str(rule_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_autoscaler_owns_the_routers_replicas(composed: list[dict[str, Any]]) -> None:
+    deployment = _one(composed, "Deployment")
+    spec = _one(composed, "HorizontalPodAutoscaler")["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert "replicas" not in deployment["spec"], "kubectl apply would reset the autoscaler"
+    budget = _one(composed, "PodDisruptionBudget")["spec"]
+    assert spec["minReplicas"] > budget["minAvailable"]
+    assert spec["maxReplicas"] > spec["minReplicas"]
+    [metric] = spec["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert "cpu" in _container(composed)["resources"]["requests"], "utilisation needs a request"
+
+
+# ---------------------------------------------------------------- registry image
+
+
+def _deploy_readme_overlay() -> dict[str, Any]:
+    """The example overlay deploy/README.md gives a platform team (its first yaml block)."""
+    text = (DEPLOY / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
+    assert block, "deploy/README.md shows an example overlay"
+    overlay: dict[str, Any] = yaml.safe_load(block.group(1))
+    return overlay
+
+
+def test_base_runs_the_image_make_image_builds() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "IMAGE ?= headcount:$(VERSION)" in makefile
+    assert re.search(r"^image:\n\tdocker build --tag \$\(IMAGE\) \.$", makefile, re.MULTILINE)
+    base = yaml.safe_load((DEPLOY / "base" / "deployment.yaml").read_text())
+    assert base["spec"]["template"]["spec"]["containers"][0]["image"] == f"headcount:{version}"
+
+
+def test_readme_overlay_sets_the_registry_image_and_components(tmp_path: Path) -> None:
+    example = _deploy_readme_overlay()
+    assert {path.rsplit("/", 1)[-1] for path in example["components"]} == set(_component_names())
+    [image] = example["images"]
+    site = tmp_path / "deploy" / "overlays" / "registry"
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    site.mkdir()
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "bases": ["../pods"],
+        "images": [image],
+    }
+    (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    container = _container(_render("registry", tmp_path))
+    assert container["image"] == f"{image['newName']}:{image['newTag']}"
 
 
 # ---------------------------------------------------------------- metrics in alerts and dashboard
