@@ -24,7 +24,7 @@ from headcount.serve_flags import add_serve_arguments, settings_from_args
 
 __all__ = ["main"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("headcount.cli")
 
 
 def _serve(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
