@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,14 @@ def test_only_the_flags_given_are_known_as_given() -> None:
         "--probe-interval",
         "--ready-requires-fresh",
     }
+
+
+def test_every_serve_flag_is_in_the_readme() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    missing = [
+        flag
+        for action in flags("serve")
+        for flag in action.option_strings
+        if f"`{flag}`" not in readme and f"`{flag} " not in readme
+    ]
+    assert missing == []
