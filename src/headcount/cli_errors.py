@@ -67,13 +67,9 @@ def given_flags(ns: argparse.Namespace) -> frozenset[str]:
     return frozenset(given)
 
 
-def _record_given(namespace: argparse.Namespace, action: argparse.Action) -> None:
-    given: set[str] = getattr(namespace, _GIVEN, set())
-    given.add(max(action.option_strings, key=len))
-    setattr(namespace, _GIVEN, given)
+class _RecordsGiven(argparse.Action):
+    """An action that also notes its flag as given (`given_flags`) when the parser meets it."""
 
-
-class _GivenStore(argparse._StoreAction):
     def __call__(
         self,
         parser: argparse.ArgumentParser,
@@ -82,19 +78,17 @@ class _GivenStore(argparse._StoreAction):
         option_string: str | None = None,
     ) -> None:
         super().__call__(parser, namespace, values, option_string)
-        _record_given(namespace, self)
+        given: set[str] = getattr(namespace, _GIVEN, set())
+        given.add(max(self.option_strings, key=len))
+        setattr(namespace, _GIVEN, given)
 
 
-class _GivenStoreTrue(argparse._StoreTrueAction):
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        _record_given(namespace, self)
+class _GivenStore(_RecordsGiven, argparse._StoreAction):
+    pass
+
+
+class _GivenStoreTrue(_RecordsGiven, argparse._StoreTrueAction):
+    pass
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["duration_help", "format_size", "parse_duration", "parse_port", "parse_size"]
+__all__ = [
+    "add_listen_arguments",
+    "duration_help",
+    "format_size",
+    "parse_duration",
+    "parse_port",
+    "parse_size",
+]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -58,3 +65,14 @@ def format_size(size: int) -> str:
         if size % factor == 0:
             return f"{size // factor}{unit}"
     return str(size)
+
+
+def add_listen_arguments(parser: argparse.ArgumentParser, host: str, port: int) -> None:
+    """`--host` and `--port` of a simulator, which may pick a free port."""
+    parser.add_argument("--host", default=host, help=f"address to listen on (default {host})")
+    parser.add_argument(
+        "--port",
+        type=parse_port,
+        default=port,
+        help=f"port to listen on, 0: a free one (default {port})",
+    )

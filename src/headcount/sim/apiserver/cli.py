@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from headcount.cli_errors import CommandParser, cannot_listen, fail, field_error
+from headcount.cli_values import add_listen_arguments
 from headcount.config import ConfigError
 from headcount.sim.apiserver.config import ApiServerSimConfig
 from headcount.sim.apiserver.server import running_apiserver
@@ -24,15 +25,7 @@ __all__ = ["add_arguments", "config_from_args", "main", "serve_forever"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``headcount sim-apiserver``."""
     defaults = ApiServerSimConfig()
-    parser.add_argument(
-        "--host", default=defaults.host, help=f"address to listen on (default {defaults.host})"
-    )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=defaults.port,
-        help=f"port to listen on, 0: a free one (default {defaults.port})",
-    )
+    add_listen_arguments(parser, defaults.host, defaults.port)
     parser.add_argument(
         "--kubeconfig-out",
         type=Path,

@@ -18,6 +18,7 @@ from typing import TypeVar
 import uvloop
 
 from headcount.cli_errors import CommandParser, cannot_listen, fail, field_error, lowercase
+from headcount.cli_values import add_listen_arguments
 from headcount.config import ConfigError
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig
 from headcount.sim.engine.kv_events_config import add_kv_events_arguments, kv_events_from_args
@@ -71,15 +72,7 @@ def _above(kind: Callable[[str], N], low: N) -> Callable[[str], N]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine simulator's command-line options, defaults from `EngineSimConfig`."""
     defaults = EngineSimConfig()
-    parser.add_argument(
-        "--host", default=defaults.host, help=f"address to listen on (default {defaults.host})"
-    )
-    parser.add_argument(
-        "--port",
-        type=int,
-        default=defaults.port,
-        help=f"port to listen on, 0: a free one (default {defaults.port})",
-    )
+    add_listen_arguments(parser, defaults.host, defaults.port)
     parser.add_argument(
         "--model", default=defaults.model, help=f"base model name served (default {defaults.model})"
     )
