@@ -133,6 +133,7 @@ class Router:
         try:
             server = await start_server(self.proxy, server_settings.host, server_settings.port)
         except OSError as exc:
+            await self._close_unstarted_sources()
             raise ConfigError(
                 f"cannot listen on {server_settings.host}:{server_settings.port}: "
                 f"{exc.strerror or exc}"
@@ -145,6 +146,7 @@ class Router:
                 )
             except OSError as exc:
                 server.close()
+                await self._close_unstarted_sources()
                 raise ConfigError(f"--admin-port {admin_port}: {exc.strerror or exc}") from None
             log.info("admin endpoints on http://%s:%d", server_settings.host, admin_port)
         watching = self.supervisor.run("key-files", self.auth.run) if self.auth.files else None
@@ -194,6 +196,14 @@ class Router:
             await self.proxy.close()
             if self.kv is not None:
                 await self.kv.indexes.close()
+
+    async def _close_unstarted_sources(self) -> None:
+        """Sources that hold a connection pool (an API client) release it when `run()` ends;
+        when the router cannot start, `run()` never began, so they are closed here."""
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if close is not None:
+                await close()
 
     async def _drain_unless_hurried(self, server: ClientListener, hurry: asyncio.Event) -> None:
         drain = asyncio.ensure_future(self._drain(server))

@@ -1,12 +1,16 @@
 """The `headcount` command: `serve`, `demo`, and the two simulators.
 
 Bad input ends with one line on stderr naming the problem and exit status 2,
-never a traceback.
+never a traceback nor the whole usage: a mistyped flag gets the nearest one
+suggested (`cli_errors`), and a setting that cannot be used (`ConfigError`,
+a port already taken) is said in one line too. What `serve` accepts but
+probably does not mean is logged once at start (`serve_hints`).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -14,18 +18,24 @@ from typing import Any
 import uvloop
 
 from headcount import __version__
+from headcount.cli_errors import CommandParser, fail, given_flags
 from headcount.config import ConfigError
 from headcount.serve_flags import add_serve_arguments, settings_from_args
 
 __all__ = ["main"]
 
+_log = logging.getLogger("headcount.cli")
+
 
 def _serve(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from headcount.app import serve
     from headcount.logs import configure_logging
+    from headcount.serve_hints import serve_hints
 
     settings = settings_from_args(ns)
     configure_logging(settings.server.log_format.value, settings.server.log_level)
+    for hint in serve_hints(settings, given_flags(ns), ns.backends):
+        _log.warning("%s", hint)
     return serve(settings)
 
 
@@ -47,8 +57,8 @@ def _demo(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
     return run_demo(ns)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser() -> CommandParser:
+    parser = CommandParser(
         prog="headcount",
         description="OpenAI-compatible router for LLM engine fleets whose picture of the "
         "fleet never silently goes stale.",
@@ -61,7 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="the whole story on a simulated cluster")
-    demo.add_argument("--duration", type=float, default=None, help="seconds of traffic per act")
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds of traffic per act (default: 5)",
+    )
     demo.set_defaults(run=_demo)
 
     sim_engine = commands.add_parser("sim-engine", help="a simulated OpenAI-compatible engine")
@@ -79,13 +94,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    ns = parser.parse_args(argv)
+    ns = _parser().parse(argv)
     run: Callable[[argparse.Namespace], Coroutine[Any, Any, None]] = ns.run
     try:
         uvloop.run(run(ns))
     except ConfigError as exc:
-        parser.exit(2, f"headcount {ns.command}: error: {exc}\n")
+        fail(f"headcount {ns.command}", str(exc))
     except KeyboardInterrupt:
         return 130
     return 0

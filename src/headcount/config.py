@@ -20,6 +20,7 @@ from headcount.routing import RoutingName
 __all__ = [
     "BUILTIN_TOKENIZER",
     "CLIENT_SHARE_OF_FILES",
+    "LOG_LEVELS",
     "AuthSettings",
     "ConfigError",
     "DiscoveryMode",
@@ -34,6 +35,7 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "SupervisionSettings",
+    "backend_base_url",
 ]
 
 
@@ -45,6 +47,10 @@ class DiscoveryMode(enum.StrEnum):
     STATIC = "static"
     K8S_PODS = "k8s-pods"
     K8S_SERVICES = "k8s-services"
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The levels `--log-level` takes, least severe first."""
 
 
 class LogFormat(enum.StrEnum):
@@ -67,6 +73,8 @@ class ServerSettings:
     answers only the OpenAI API."""
 
     def __post_init__(self) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"--log-level {self.log_level}: use one of {', '.join(LOG_LEVELS)}")
         if self.admin_port and self.admin_port in (self.port, self.grpc_health_port):
             raise ConfigError(
                 f"--admin-port {self.admin_port} must differ from --port and --grpc-health-port"
@@ -209,7 +217,7 @@ class SupervisionSettings:
 class DiscoverySettings:
     mode: DiscoveryMode = DiscoveryMode.STATIC
     backends: tuple[str, ...] = ()
-    """Engine URLs for static mode, kept without a trailing slash."""
+    """Engine URLs for static mode, kept as `backend_base_url` (no trailing slash, no /v1)."""
     kubeconfig: Path | None = None
     """None: in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
     namespace: str | None = None
@@ -233,7 +241,7 @@ class DiscoverySettings:
         if self.mode is DiscoveryMode.STATIC:
             for url in self.backends:
                 _check_backend_url(url)
-            object.__setattr__(self, "backends", tuple(url.rstrip("/") for url in self.backends))
+            object.__setattr__(self, "backends", tuple(map(backend_base_url, self.backends)))
         elif self.backends:
             raise ConfigError(
                 f"--backends only applies to --discovery static, not {self.mode.value}"
@@ -414,6 +422,15 @@ def _require_positive(*values: tuple[str, float]) -> None:
 
 def _has_tokenizer_json(directory: str) -> bool:
     return (Path(directory) / "tokenizer.json").is_file()
+
+
+def backend_base_url(url: str) -> str:
+    """An engine URL without a trailing slash or a final `/v1`: the router adds `/v1/...`
+    itself, and an OpenAI `base_url` (`http://host:8000/v1`) means the engine at its root."""
+    trimmed = url.rstrip("/")
+    if urlsplit(trimmed).path.endswith("/v1"):
+        return trimmed.removesuffix("/v1").rstrip("/")
+    return trimmed
 
 
 def _check_backend_url(url: str) -> None:

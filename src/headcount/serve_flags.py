@@ -4,16 +4,21 @@
 dataclasses in `config.py`, so each lives once) and `settings_from_args` maps
 them to a `Settings`, whose own checks raise `ConfigError` naming the flag.
 Durations accept fractional seconds and units (`250ms`, `2m`); sizes accept
-`32MiB`.
+`32MiB` (`cli_values`). Every flag's help gives its default and unit; choices
+take any case. Over 450 lines because each flag carries its one-line help:
+one table of every flag reads better whole than split by group.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
+from headcount.cli_errors import lowercase, uppercase
+from headcount.cli_values import duration_help, format_size, parse_duration, parse_port, parse_size
 from headcount.config import (
+    CLIENT_SHARE_OF_FILES,
+    LOG_LEVELS,
     AuthSettings,
     DiscoveryMode,
     DiscoverySettings,
@@ -31,146 +36,303 @@ from headcount.routing import RoutingName
 
 __all__ = ["add_serve_arguments", "parse_duration", "settings_from_args"]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_FACTOR = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from `1.5`, `1.5s`, `250ms`, `2m` or `1h`."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use seconds such as 2, 0.5, 250ms, 2m"
-        )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-
-
-def _parse_size(text: str) -> int:
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use bytes such as 1048576, 32MiB")
-    unit = (match.group(2) or "").lower()[:1]
-    return int(match.group(1)) * _SIZE_FACTOR[unit]
-
-
-def _parse_port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}: use 0-65535")
-    return port
-
 
 def _split_backends(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare every `headcount serve` flag (DESIGN.md §3 is the contract)."""
+    """Declare every `headcount serve` flag, each with a one-line help giving its default."""
     server_d, proxy_d, probe_d = ServerSettings(), ProxySettings(), ProbeSettings()
     discovery_d, health_d = DiscoverySettings(), HealthSettings()
     outlier_d, dns_d = OutlierSettings(), DnsSettings()
     server = parser.add_argument_group("server")
-    server.add_argument("--host", default=server_d.host)
-    server.add_argument("--port", type=_parse_port, default=server_d.port)
-    server.add_argument("--grpc-health-port", type=_parse_port, default=server_d.grpc_health_port)
     server.add_argument(
-        "--log-format", choices=[f.value for f in LogFormat], default=server_d.log_format.value
+        "--host", default=server_d.host, help=f"address to listen on (default {server_d.host})"
     )
-    server.add_argument("--log-level", default=server_d.log_level)
-    server.add_argument("--admin-port", type=_parse_port, default=server_d.admin_port)
+    server.add_argument(
+        "--port",
+        type=parse_port,
+        default=server_d.port,
+        help="port of the OpenAI API, and of health and metrics unless --admin-port "
+        f"(default {server_d.port})",
+    )
+    server.add_argument(
+        "--grpc-health-port",
+        type=parse_port,
+        default=server_d.grpc_health_port,
+        help="serve grpc.health.v1 on this port (default: off)",
+    )
+    server.add_argument(
+        "--log-format",
+        type=lowercase,
+        choices=[f.value for f in LogFormat],
+        default=server_d.log_format.value,
+        help=f"text for people, json for log pipelines (default {server_d.log_format.value})",
+    )
+    server.add_argument(
+        "--log-level",
+        type=uppercase,
+        choices=LOG_LEVELS,
+        default=server_d.log_level,
+        help=f"least severe level logged, any case (default {server_d.log_level})",
+    )
+    server.add_argument(
+        "--admin-port",
+        type=parse_port,
+        default=server_d.admin_port,
+        help="health, /engines and /metrics on this port instead, without API key "
+        "(default: off, all on --port)",
+    )
 
     discovery = parser.add_argument_group("discovery")
     discovery.add_argument(
-        "--discovery", choices=[m.value for m in DiscoveryMode], default=discovery_d.mode.value
+        "--discovery",
+        type=lowercase,
+        choices=[m.value for m in DiscoveryMode],
+        default=discovery_d.mode.value,
+        help="where engines are found: a fixed --backends list, or Pods or Services watched "
+        f"in Kubernetes (default {discovery_d.mode.value})",
     )
     discovery.add_argument(
-        "--backends", type=_split_backends, default=discovery_d.backends, help="URL,URL,..."
+        "--backends",
+        type=_split_backends,
+        default=discovery_d.backends,
+        metavar="URL,URL,...",
+        help="static: the engines, http://host:port each, without /v1 (default: none)",
     )
-    discovery.add_argument("--kubeconfig", type=Path, default=discovery_d.kubeconfig)
-    discovery.add_argument("--namespace", default=discovery_d.namespace)
-    discovery.add_argument("--label-selector", default=discovery_d.label_selector)
-    discovery.add_argument("--engine-port", type=_parse_port, default=discovery_d.engine_port)
-    for flag, default in (
-        ("--watch-idle-timeout", discovery_d.watch_idle_timeout),
-        ("--watch-timeout-min", discovery_d.watch_timeout_min),
-        ("--watch-timeout-max", discovery_d.watch_timeout_max),
-        ("--api-request-timeout", discovery_d.request_timeout),
-        ("--api-connect-timeout", discovery_d.connect_timeout),
-        ("--backoff-initial", discovery_d.backoff_initial),
-        ("--backoff-max", discovery_d.backoff_max),
+    discovery.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=discovery_d.kubeconfig,
+        help="Kubernetes modes: the cluster's kubeconfig "
+        "(default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
+    )
+    discovery.add_argument(
+        "--namespace",
+        default=discovery_d.namespace,
+        help="Kubernetes modes: namespace watched "
+        "(default: the router pod's own, else the kubeconfig context's)",
+    )
+    discovery.add_argument(
+        "--label-selector",
+        default=discovery_d.label_selector,
+        help="Kubernetes modes: which Pods or Services are engines, as kubectl -l "
+        "(default: all of them)",
+    )
+    discovery.add_argument(
+        "--engine-port",
+        type=parse_port,
+        default=discovery_d.engine_port,
+        help=f"Kubernetes modes: the engines' HTTP port (default {discovery_d.engine_port})",
+    )
+    for flag, default, what in (
+        (
+            "--watch-idle-timeout",
+            discovery_d.watch_idle_timeout,
+            "a watch silent this long (no event, no bookmark) is dead and reopened",
+        ),
+        ("--watch-timeout-min", discovery_d.watch_timeout_min, "server-side watch timeout, least"),
+        ("--watch-timeout-max", discovery_d.watch_timeout_max, "server-side watch timeout, most"),
+        (
+            "--api-request-timeout",
+            discovery_d.request_timeout,
+            "bound on one LIST, connect and whole answer",
+        ),
+        ("--api-connect-timeout", discovery_d.connect_timeout, "connect to the API server"),
+        ("--backoff-initial", discovery_d.backoff_initial, "first wait before reconnecting"),
+        ("--backoff-max", discovery_d.backoff_max, "longest wait before reconnecting"),
     ):
-        discovery.add_argument(flag, type=parse_duration, default=default)
+        discovery.add_argument(
+            flag, type=parse_duration, default=default, help=duration_help(what, default)
+        )
 
     proxy = parser.add_argument_group("routing and proxy")
     proxy.add_argument(
-        "--routing", choices=[r.value for r in RoutingName], default=proxy_d.routing.value
+        "--routing",
+        type=lowercase,
+        choices=[r.value for r in RoutingName],
+        default=proxy_d.routing.value,
+        help=f"how an engine is chosen among those serving the model "
+        f"(default {proxy_d.routing.value})",
     )
-    proxy.add_argument("--connect-timeout", type=parse_duration, default=proxy_d.connect_timeout)
-    proxy.add_argument("--read-timeout", type=parse_duration, default=proxy_d.read_timeout)
-    proxy.add_argument("--max-failovers", type=int, default=proxy_d.max_failovers)
-    proxy.add_argument("--max-body-size", type=_parse_size, default=proxy_d.max_body_size)
-    proxy.add_argument(
-        "--max-buffered-body-bytes", type=_parse_size, default=proxy_d.max_buffered_body_bytes
-    )
-    proxy.add_argument("--max-connections", type=int, default=proxy_d.max_connections)
-    for flag, default in (
-        ("--client-idle-timeout", proxy_d.client_idle_timeout),
-        ("--client-header-timeout", proxy_d.client_header_timeout),
-        ("--client-send-timeout", proxy_d.client_send_timeout),
+    for flag, default, what in (
+        ("--connect-timeout", proxy_d.connect_timeout, "connect to an engine, then fail over"),
+        ("--read-timeout", proxy_d.read_timeout, "longest silence inside an engine's answer"),
     ):
-        proxy.add_argument(flag, type=parse_duration, default=default)
+        proxy.add_argument(
+            flag, type=parse_duration, default=default, help=duration_help(what, default)
+        )
     proxy.add_argument(
-        "--first-byte-timeout", type=parse_duration, default=proxy_d.first_byte_timeout
+        "--max-failovers",
+        type=int,
+        default=proxy_d.max_failovers,
+        help="other engines tried when one fails before its first response byte "
+        f"(default {proxy_d.max_failovers})",
     )
-    proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
+    proxy.add_argument(
+        "--max-body-size",
+        type=parse_size,
+        default=proxy_d.max_body_size,
+        help=f"larger request bodies get 413; bytes, or 64KiB, 32MiB "
+        f"(default {format_size(proxy_d.max_body_size)})",
+    )
+    proxy.add_argument(
+        "--max-buffered-body-bytes",
+        type=parse_size,
+        default=proxy_d.max_buffered_body_bytes,
+        help="request bodies held across all clients; past it 503 overloaded "
+        f"(default {format_size(proxy_d.max_buffered_body_bytes)})",
+    )
+    proxy.add_argument(
+        "--max-connections",
+        type=int,
+        default=proxy_d.max_connections,
+        help="client connections open at once; one more gets 503 "
+        f"(default: {CLIENT_SHARE_OF_FILES * 100:.0f}%% of the open-file limit)",
+    )
+    for flag, default, what in (
+        ("--client-idle-timeout", proxy_d.client_idle_timeout, "idle client connections close"),
+        (
+            "--client-header-timeout",
+            proxy_d.client_header_timeout,
+            "a request head must arrive whole within this, else 408",
+        ),
+        (
+            "--client-send-timeout",
+            proxy_d.client_send_timeout,
+            "a client reading nothing of its answer this long is disconnected",
+        ),
+    ):
+        proxy.add_argument(
+            flag, type=parse_duration, default=default, help=duration_help(what, default)
+        )
+    proxy.add_argument(
+        "--first-byte-timeout",
+        type=parse_duration,
+        default=proxy_d.first_byte_timeout,
+        help="no response byte within this: fail over; seconds or 250ms, 2m "
+        "(default: off, a long prefill may take minutes)",
+    )
+    proxy.add_argument(
+        "--dns-timeout",
+        type=parse_duration,
+        default=dns_d.timeout,
+        help=duration_help(
+            "one lookup of an engine's host name, under --probe-timeout", dns_d.timeout
+        ),
+    )
 
     outlier = parser.add_argument_group("outlier detection")
     outlier.add_argument(
-        "--outlier-consecutive-errors", type=int, default=outlier_d.consecutive_errors
+        "--outlier-consecutive-errors",
+        type=int,
+        default=outlier_d.consecutive_errors,
+        help="failed requests in a row that eject an engine, 0: off "
+        f"(default {outlier_d.consecutive_errors})",
     )
-    for flag, default in (
-        ("--outlier-base-ejection", outlier_d.base_ejection),
-        ("--outlier-max-ejection", outlier_d.max_ejection),
+    for flag, default, what in (
+        ("--outlier-base-ejection", outlier_d.base_ejection, "ejection length, times its count"),
+        ("--outlier-max-ejection", outlier_d.max_ejection, "longest ejection"),
     ):
-        outlier.add_argument(flag, type=parse_duration, default=default)
+        outlier.add_argument(
+            flag, type=parse_duration, default=default, help=duration_help(what, default)
+        )
     outlier.add_argument(
-        "--outlier-max-ejected-percent", type=float, default=outlier_d.max_ejected_percent
+        "--outlier-max-ejected-percent",
+        type=float,
+        default=outlier_d.max_ejected_percent,
+        help="past this share of a model's engines ejected, route to all of them, in percent "
+        f"(default {outlier_d.max_ejected_percent:g})",
     )
 
     probe = parser.add_argument_group("engine probes")
-    probe.add_argument("--probe-interval", type=parse_duration, default=probe_d.interval)
-    probe.add_argument("--probe-timeout", type=parse_duration, default=probe_d.timeout)
-    probe.add_argument("--probe-concurrency", type=int, default=probe_d.concurrency)
-    probe.add_argument("--unhealthy-after", type=int, default=probe_d.unhealthy_after)
-    probe.add_argument("--probe-max-bytes", type=_parse_size, default=probe_d.max_bytes)
-    probe.add_argument("--probe-max-models", type=int, default=probe_d.max_models)
+    for flag, default, what in (
+        (
+            "--probe-interval",
+            probe_d.interval,
+            "how often each engine's /v1/models and /metrics are read",
+        ),
+        ("--probe-timeout", probe_d.timeout, "one probe request"),
+    ):
+        probe.add_argument(
+            flag, type=parse_duration, default=default, help=duration_help(what, default)
+        )
+    probe.add_argument(
+        "--probe-concurrency",
+        type=int,
+        default=probe_d.concurrency,
+        help=f"probes in flight at once (default {probe_d.concurrency})",
+    )
+    probe.add_argument(
+        "--unhealthy-after",
+        type=int,
+        default=probe_d.unhealthy_after,
+        help="failed probes in a row before an engine leaves rotation "
+        f"(default {probe_d.unhealthy_after})",
+    )
+    probe.add_argument(
+        "--probe-max-bytes",
+        type=parse_size,
+        default=probe_d.max_bytes,
+        help=f"largest probe answer read (default {format_size(probe_d.max_bytes)})",
+    )
+    probe.add_argument(
+        "--probe-max-models",
+        type=int,
+        default=probe_d.max_models,
+        help=f"model cards kept per engine (default {probe_d.max_models})",
+    )
 
     health = parser.add_argument_group("health and shutdown")
-    for flag, default in (
-        ("--discovery-stale-after", health_d.discovery_stale_after),
-        ("--discovery-dead-after", health_d.discovery_dead_after),
-        ("--drain-delay", health_d.drain_delay),
-        ("--drain-timeout", health_d.drain_timeout),
+    for flag, default, what in (
+        (
+            "--discovery-stale-after",
+            health_d.discovery_stale_after,
+            "discovery older than this makes /health degraded",
+        ),
+        (
+            "--discovery-dead-after",
+            health_d.discovery_dead_after,
+            "no discovery round finished this long fails /livez",
+        ),
+        ("--drain-delay", health_d.drain_delay, "after SIGTERM, new requests still served"),
+        ("--drain-timeout", health_d.drain_timeout, "then in-flight requests awaited at most"),
     ):
-        health.add_argument(flag, type=parse_duration, default=default)
+        health.add_argument(
+            flag, type=parse_duration, default=default, help=duration_help(what, default)
+        )
     health.add_argument(
-        "--ready-requires-engines", action="store_true", default=health_d.ready_requires_engines
+        "--ready-requires-engines",
+        action="store_true",
+        default=health_d.ready_requires_engines,
+        help="/readyz fails while no engine is routable (default: off, 503 answers say why)",
     )
     health.add_argument(
-        "--ready-requires-fresh", action="store_true", default=health_d.ready_requires_fresh
+        "--ready-requires-fresh",
+        action="store_true",
+        default=health_d.ready_requires_fresh,
+        help="/readyz fails while discovery is stale (default: off)",
     )
 
     _add_kv_arguments(parser)
 
     auth_d = AuthSettings()
     auth = parser.add_argument_group("authentication")
-    auth.add_argument("--api-keys-file", type=Path, default=auth_d.api_keys_file)
-    auth.add_argument("--engine-api-key-file", type=Path, default=auth_d.engine_api_key_file)
+    auth.add_argument(
+        "--api-keys-file",
+        type=Path,
+        default=auth_d.api_keys_file,
+        help="clients need Authorization: Bearer with a key from this file, one a line "
+        "(default: off, open)",
+    )
+    auth.add_argument(
+        "--engine-api-key-file",
+        type=Path,
+        default=auth_d.engine_api_key_file,
+        help="the key engines expect (vLLM's --api-key), sent on probes and requests "
+        "(default: off)",
+    )
 
 
 def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
@@ -180,14 +342,14 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     )
     kv.add_argument(
         "--kv-events-port",
-        type=_parse_port,
+        type=parse_port,
         default=kv_d.port,
         help="port of each engine's KV-event publisher (vLLM's endpoint); the pod or Service "
         "annotation kv-events-port overrides it (default %(default)s)",
     )
     kv.add_argument(
         "--kv-events-replay-port",
-        type=_parse_port,
+        type=parse_port,
         default=kv_d.replay_port,
         help="port of each engine's replay socket (vLLM's replay_endpoint); annotation "
         "kv-events-replay-port (default %(default)s)",
@@ -195,21 +357,25 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     kv.add_argument(
         "--kv-events-topic",
         default=kv_d.topic,
-        help="topic prefix subscribed to, vLLM's `topic` (default empty: every topic)",
+        help="topic prefix subscribed to, vLLM's `topic` (default: empty, every topic)",
     )
     kv.add_argument(
         "--kv-events-idle-timeout",
         type=parse_duration,
         default=kv_d.idle_timeout,
-        help="an engine we route to that sends no event for this long has a stale index "
-        "(seconds or 250ms, 2m; default %(default)gs)",
+        help=duration_help(
+            "an engine we route to that sends no event for this long has a stale index",
+            kv_d.idle_timeout,
+        ),
     )
     kv.add_argument(
         "--kv-events-replay-timeout",
         type=parse_duration,
         default=kv_d.replay_timeout,
-        help="a gap's replay must answer within this, else the index is cleared and rebuilt "
-        "(default %(default)gs)",
+        help=duration_help(
+            "a gap's replay must answer within this, else the index is cleared and rebuilt",
+            kv_d.replay_timeout,
+        ),
     )
     kv.add_argument(
         "--tokenizer",
@@ -223,8 +389,10 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokenize-timeout",
         type=parse_duration,
         default=kv_d.tokenize_timeout,
-        help="an engine's /tokenize answering later is skipped and the request routed by load "
-        "(default %(default)gs)",
+        help=duration_help(
+            "an engine's /tokenize answering later is skipped, the request routed by load",
+            kv_d.tokenize_timeout,
+        ),
     )
 
 

@@ -102,6 +102,10 @@ class _ClientOwningSource:
         finally:
             await self._api.close()
 
+    async def close(self) -> None:
+        """Release the API client of a source whose `run()` never started."""
+        await self._api.close()
+
 
 async def build_k8s_source(settings: DiscoverySettings, fleet: Fleet) -> DiscoverySource:
     """The pod or Service source `settings.mode` asks for; raises `ConfigError`.

@@ -17,6 +17,9 @@ from typing import TypeVar
 
 import uvloop
 
+from headcount.cli_errors import CommandParser, cannot_listen, fail, field_error, lowercase
+from headcount.cli_values import add_listen_arguments
+from headcount.config import ConfigError
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig
 from headcount.sim.engine.kv_events_config import add_kv_events_arguments, kv_events_from_args
 from headcount.sim.engine.server import running_engine
@@ -31,8 +34,14 @@ _DESCRIPTION = (
 
 
 async def serve_forever(config: EngineSimConfig) -> None:
-    """Run an engine until cancelled, announcing its URL on stdout once it listens."""
-    async with running_engine(config) as engine:
+    """Run an engine until cancelled, announcing its URL on stdout once it listens.
+
+    A port that cannot be bound is a `ConfigError` saying so in one line."""
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            engine = await stack.enter_async_context(running_engine(config))
+        except OSError as exc:
+            raise cannot_listen(config.host, config.port, exc) from None
         sys.stdout.write(f"sim-engine {engine.name} listening on {engine.url}\n")
         sys.stdout.flush()
         await asyncio.get_running_loop().create_future()
@@ -63,30 +72,52 @@ def _above(kind: Callable[[str], N], low: N) -> Callable[[str], N]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine simulator's command-line options, defaults from `EngineSimConfig`."""
     defaults = EngineSimConfig()
-    parser.add_argument("--host", default=defaults.host, help="address to listen on")
-    parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
-    parser.add_argument("--model", default=defaults.model, help="base model name to serve")
+    add_listen_arguments(parser, defaults.host, defaults.port)
     parser.add_argument(
-        "--adapters", type=_adapter_list, default=defaults.adapters, help="LoRA adapters, a,b,c"
+        "--model", default=defaults.model, help=f"base model name served (default {defaults.model})"
+    )
+    parser.add_argument(
+        "--adapters",
+        type=_adapter_list,
+        default=defaults.adapters,
+        metavar="A,B,...",
+        help="LoRA adapters served besides the model (default: none)",
     )
     parser.add_argument(
         "--token-delay",
         type=float,
         default=defaults.token_delay,
-        help="seconds per output token, the first included (default 0: instant; "
-        "~0.01 for an 8B model on one H100)",
+        help="seconds per output token, the first included; ~0.01 for an 8B model on one H100 "
+        f"(default {defaults.token_delay:g}: instant)",
     )
-    parser.add_argument("--fail-mode", choices=FAIL_MODES, default=defaults.fail_mode)
     parser.add_argument(
-        "--max-running", type=int, default=defaults.max_running, help="default: no limit"
+        "--fail-mode",
+        type=lowercase,
+        choices=FAIL_MODES,
+        default=defaults.fail_mode,
+        help=f"how the engine misbehaves; changed at run time by POST /sim/fail-mode "
+        f"(default {defaults.fail_mode})",
     )
-    parser.add_argument("--name", default=defaults.name, help="default: host:port")
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        default=defaults.max_running,
+        help="requests served at once, more wait (default: no limit)",
+    )
+    parser.add_argument(
+        "--name", default=defaults.name, help="name in logs and answers (default: host:port)"
+    )
     parser.add_argument(
         "--legacy-metrics",
         action="store_true",
-        help="expose vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc",
+        help="expose vllm:gpu_cache_usage_perc instead of vllm:kv_cache_usage_perc (default: off)",
     )
-    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=defaults.max_model_len,
+        help=f"longest prompt plus answer, in tokens, as vLLM's (default {defaults.max_model_len})",
+    )
     parser.add_argument(
         "--api-key",
         default=defaults.api_key,
@@ -98,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.tokenizer,
         metavar="DIR",
         help="a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with "
-        "the chat template); default: the built-in tokenizer and ChatML template",
+        "the chat template) (default: the built-in tokenizer and ChatML template)",
     )
     parser.add_argument(
         "--kv-blocks",
@@ -106,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.kv_blocks,
         metavar="N",
         help="simulate a prefix cache of N KV blocks (vLLM's num_gpu_blocks, the null block "
-        "included) and prefill time; default: off (an 8B model on one H100 holds ~28000)",
+        "included) and prefill time; an 8B model on one H100 holds ~28000 (default: off)",
     )
     parser.add_argument(
         "--block-size",
@@ -118,15 +149,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill-tokens-per-s",
         type=_above(float, 0.0),
         default=defaults.prefill_tokens_per_s,
-        help="uncached prompt tokens prefilled per second, shared first come first served "
-        f"(default {defaults.prefill_tokens_per_s:g}, an 8B model on one H100; "
-        "with --kv-blocks)",
+        help="uncached prompt tokens prefilled per second, shared first come first served, "
+        f"with --kv-blocks; an 8B model on one H100 (default {defaults.prefill_tokens_per_s:g})",
     )
     add_kv_events_arguments(parser)
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineSimConfig:
-    """The config that `add_arguments`' parsed options describe."""
+    """The config that `add_arguments`' parsed options describe; `ConfigError` names the flag."""
+    try:
+        return _config(ns)
+    except ValueError as exc:
+        raise field_error(exc) from None
+
+
+def _config(ns: argparse.Namespace) -> EngineSimConfig:
     return EngineSimConfig(
         host=ns.host,
         port=ns.port,
@@ -160,11 +197,12 @@ async def serve_until_signalled(config: EngineSimConfig) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m headcount.sim.engine``: serve on uvloop until signalled."""
-    parser = argparse.ArgumentParser(
-        prog="python -m headcount.sim.engine", description=_DESCRIPTION
-    )
+    parser = CommandParser(prog="python -m headcount.sim.engine", description=_DESCRIPTION)
     add_arguments(parser)
-    config = config_from_args(parser.parse_args(argv))
     loop_factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve_until_signalled(config))
+    try:
+        config = config_from_args(parser.parse(argv))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve_until_signalled(config))
+    except ConfigError as exc:
+        fail(parser.prog, str(exc))

@@ -62,6 +62,7 @@ def add_kv_events_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-events-format",
+        type=str.lower,
         choices=LAYOUTS,
         help="wire layout: 0.10 (vLLM <= 0.10: events as tagged arrays, signed int hashes) "
         f"or current (events as maps, unsigned 64-bit hashes) (default: {default.layout})",

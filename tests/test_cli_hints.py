@@ -1,0 +1,99 @@
+"""What `serve` accepts but probably does not mean is named once at start, with a hint."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from headcount.cli import _parser
+from headcount.cli_errors import given_flags
+from headcount.config import DiscoverySettings
+from headcount.serve_flags import settings_from_args
+from headcount.serve_hints import serve_hints
+from headcount.sim.cluster import PYTHON_CLI
+from headcount.sim.loopback import free_port
+
+
+def hints(*args: str) -> list[str]:
+    ns = _parser().parse(["serve", *args])
+    return serve_hints(settings_from_args(ns), given_flags(ns), ns.backends)
+
+
+def test_a_clean_command_line_warns_nothing() -> None:
+    assert hints("--backends", "http://127.0.0.1:8000,http://127.0.0.1:8001/") == []
+    assert hints("--routing", "kv-aware", "--backends", "http://h:1", "--kv-events-port", "1") == []
+
+
+def test_a_backend_written_as_an_openai_base_url_is_used_at_its_root() -> None:
+    [hint] = hints("--backends", "http://127.0.0.1:8000,http://127.0.0.1:8001/v1/")
+    assert hint.startswith("--backends http://127.0.0.1:8001/v1/: headcount adds /v1/")
+    assert "using http://127.0.0.1:8001" in hint
+    settings = DiscoverySettings(backends=("http://127.0.0.1:8001/v1/", "http://v1:80/api/v1"))
+    assert settings.backends == ("http://127.0.0.1:8001", "http://v1:80/api")
+
+
+def test_a_host_named_v1_is_not_a_path() -> None:
+    assert hints("--backends", "http://v1") == []
+
+
+def test_kubernetes_flags_with_static_discovery_are_named_as_ignored() -> None:
+    [hint] = hints("--backends", "http://h:1", "--namespace", "llm", "--engine-port", "9000")
+    assert hint == "--namespace, --engine-port: not used with --discovery static; ignored"
+
+
+def test_kv_flags_without_kv_aware_routing_are_named_as_ignored() -> None:
+    [hint] = hints("--backends", "http://h:1", "--routing", "session", "--tokenizer", "builtin")
+    assert hint == "--tokenizer: not used with --routing session; ignored"
+
+
+@pytest.mark.parametrize(("idle", "warned"), [("30s", True), ("60", False), ("90s", False)])
+def test_a_watch_idle_timeout_under_the_bookmark_interval_is_named(idle: str, warned: bool) -> None:
+    ns = _parser().parse(["serve", "--discovery", "k8s-pods", "--watch-idle-timeout", idle])
+    found = serve_hints(settings_from_args(ns), given_flags(ns), ns.backends)
+    assert bool(found) is warned
+    if warned:
+        assert "bookmark interval" in found[0]
+        assert "relist every 30s" in found[0]
+
+
+def test_the_router_logs_each_hint_once_and_starts() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            *PYTHON_CLI,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backends",
+            "http://127.0.0.1:1/v1",
+            "--namespace",
+            "llm",
+            "--drain-delay",
+            "0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        lines = []
+        for line in process.stderr:
+            lines.append(line)
+            if "headcount listening" in line or len(lines) > 50:
+                break
+        process.send_signal(signal.SIGTERM)
+        lines += process.stderr.readlines()
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    warnings = [line for line in lines if "WARNING headcount.cli:" in line]
+    assert len(warnings) == 2, lines
+    assert "using http://127.0.0.1:1 " in warnings[0]
+    assert "--namespace: not used with --discovery static" in warnings[1]
+    assert any("headcount listening" in line for line in lines), lines
