@@ -3,7 +3,7 @@
 The simulated cluster, the router process and its client are the product's
 own harness (`headcount.sim.cluster`, `headcount.sim.loopback`); what is here
 only tests need: a wait that times out is an `AssertionError`, scripted
-engines that say exact bytes, and the metric families DESIGN.md promises.
+engines that say exact bytes, and the metric families the README promises.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class KvEventRecorder:
 
 # ------------------------------------------------------------------ the metrics contract
 
-# The metric families DESIGN.md section 3 promises, as named in the exposition
+# The metric families the README's metrics table promises, as named in the exposition
 # format (counters with `_total`, histograms by their base name).
 METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_discovery_last_sync_timestamp_seconds": frozenset({"source"}),

@@ -64,7 +64,7 @@ def router_on(cluster: SimCluster, timings: Timings = ROUTER_TIMINGS) -> RouterP
 
 
 def _is_engine_pod(pod: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
-    """The truth a router must converge to, restated from DESIGN.md rather than imported."""
+    """The truth a router must converge to, restated from docs/ARCHITECTURE.md, not imported."""
     metadata, status = pod["metadata"], pod.get("status") or {}
     labels = metadata.get("labels") or {}
     conditions = status.get("conditions")

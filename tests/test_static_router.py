@@ -3,7 +3,7 @@
 `headcount serve` runs as a child process in front of simulated engines; the
 clients are the ones users run, so what they accept (SSE framing, error
 bodies, model lists) is what is tested. The `/metrics` export is checked
-against the families DESIGN.md promises (tests/support.py lists them; the alert
+against the families the README promises (tests/support.py lists them; the alert
 rules and dashboard are held to the same list), after real traffic, a failover
 and discovery from the API server emulator, and an engine's series must go
 with its pod.
