@@ -31,8 +31,8 @@ The real API's create (POST), replace (PUT), merge patch (PATCH) and delete
 (DELETE) work too; a REST DELETE removes a pod at once, as for a pod no kubelet
 runs. Not modelled: namespaces as objects, authentication, pagination
 (``limit`` is ignored, as when the real server lists from its cache),
-protobuf, server-side apply, the OpenAPI document (so ``kubectl create`` and
-``apply`` need ``--validate=false``).
+protobuf, server-side apply, OpenAPI beyond the minimal v2 document kubectl
+validates against (``openapi.py``).
 """
 
 from headcount.sim.apiserver.builders import make_endpointslice, make_pod, make_service

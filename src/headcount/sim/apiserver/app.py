@@ -15,6 +15,7 @@ from headcount.sim.apiserver.admin import SimAdmin
 from headcount.sim.apiserver.discovery import Discovery
 from headcount.sim.apiserver.faults import Faults
 from headcount.sim.apiserver.listener import Listener
+from headcount.sim.apiserver.openapi import OpenApi
 from headcount.sim.apiserver.rest import ResourceApi
 from headcount.sim.apiserver.status import NO_SUCH_RESOURCE, StatusError
 from headcount.sim.apiserver.store import Store
@@ -35,6 +36,7 @@ def build_app(
     app.add_routes(
         [
             *Discovery(listener).routes(),
+            *OpenApi().routes(),
             *ResourceApi(store, watches).routes(),
             *SimAdmin(store, faults).routes(),
         ]
