@@ -22,7 +22,7 @@ from headcount.sim.apiserver.store import Store
 from headcount.sim.apiserver.watching import WatchStreams
 from headcount.sim.apiserver.wire import status_response
 
-__all__ = ["build_app"]
+__all__ = ["build_admin_app", "build_app"]
 
 _log = logging.getLogger(__name__)
 
@@ -41,6 +41,13 @@ def build_app(
             *SimAdmin(store, faults).routes(),
         ]
     )
+    return app
+
+
+def build_admin_app(store: Store, faults: Faults) -> web.Application:
+    """The ``/_sim/`` API alone, for the admin port that no fault touches."""
+    app = web.Application(middlewares=[_answer_errors])
+    app.add_routes(SimAdmin(store, faults).routes())
     return app
 
 
