@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,43 @@ async def test_kubectl_gets_endpointslices_as_json(sim: ApiServerSim, kubeconfig
     assert endpoint_slice["kind"] == "EndpointSlice"
     assert endpoint_slice["metadata"]["name"] == "vllm-slice"
     assert endpoint_slice["endpoints"][0]["addresses"] == ["10.0.0.1"]
+
+
+POD_MANIFEST = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: engine-0
+  labels: {app: vllm}
+spec:
+  containers:
+  - name: engine
+    image: vllm/vllm-openai:latest
+"""
+
+
+@needs_kubectl
+async def test_kubectl_apply_validates_against_the_served_openapi_document(
+    sim: ApiServerSim, kubeconfig: Path
+) -> None:
+    manifest = kubeconfig.parent / "pod.yaml"
+    manifest.write_text(POD_MANIFEST)
+    assert (await kubectl(kubeconfig, "apply", "-f", str(manifest))).strip() == (
+        "pod/engine-0 created"
+    )
+    assert (await kubectl(kubeconfig, "apply", "-f", str(manifest))).strip() == (
+        "pod/engine-0 unchanged"
+    )
+    assert [pod["metadata"]["labels"] for pod in sim.pods()] == [{"app": "vllm"}]
+
+
+@needs_kubectl
+async def test_kubectl_refuses_a_misspelled_field_from_the_openapi_document(
+    sim: ApiServerSim, kubeconfig: Path
+) -> None:
+    manifest = kubeconfig.parent / "pod.yaml"
+    manifest.write_text(POD_MANIFEST.replace("spec:", "sepc:"))
+    refused = re.escape('unknown field "sepc" in io.k8s.api.core.v1.Pod')
+    with pytest.raises(AssertionError, match=refused):
+        await kubectl(kubeconfig, "apply", "-f", str(manifest))
+    assert sim.pods() == []

@@ -17,7 +17,9 @@ Expired``, discovery documents, Table output for kubectl, and every error as a
         await sim.refuse()  # ECONNREFUSED ...
         await sim.restore()  # ... then the same port serves again
 
-The same controls exist over HTTP on the server itself (JSON bodies)::
+The same controls exist over HTTP on the server itself, and on
+``config.admin_port`` if set, which serves only them and no fault closes
+(JSON bodies)::
 
     GET    /_sim/state
     POST   /_sim/faults/{drop-watches|refuse|blackhole|stall|compact|restore}
@@ -29,10 +31,12 @@ The same controls exist over HTTP on the server itself (JSON bodies)::
 
 The real API's create (POST), replace (PUT), merge patch (PATCH) and delete
 (DELETE) work too; a REST DELETE removes a pod at once, as for a pod no kubelet
-runs. Not modelled: namespaces as objects, authentication, pagination
+runs. With ``config.kubelet`` a created pod without an IP is started
+(``kubelet.py``), so ``kubectl apply`` alone makes an engine.
+Not modelled: namespaces as objects, authentication, pagination
 (``limit`` is ignored, as when the real server lists from its cache),
-protobuf, server-side apply, the OpenAPI document (so ``kubectl create`` and
-``apply`` need ``--validate=false``).
+protobuf, server-side apply, OpenAPI beyond the minimal v2 document kubectl
+validates against (``openapi.py``).
 """
 
 from headcount.sim.apiserver.builders import make_endpointslice, make_pod, make_service

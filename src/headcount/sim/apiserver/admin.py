@@ -43,6 +43,7 @@ class SimAdmin:
                 "openWatches": len(self._store.watches),
                 "stalled": self._faults.stalled,
                 "blackholed": self._faults.blackholed,
+                "refusing": self._faults.refusing,
             }
         )
 

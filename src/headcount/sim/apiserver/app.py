@@ -15,13 +15,14 @@ from headcount.sim.apiserver.admin import SimAdmin
 from headcount.sim.apiserver.discovery import Discovery
 from headcount.sim.apiserver.faults import Faults
 from headcount.sim.apiserver.listener import Listener
+from headcount.sim.apiserver.openapi import OpenApi
 from headcount.sim.apiserver.rest import ResourceApi
 from headcount.sim.apiserver.status import NO_SUCH_RESOURCE, StatusError
 from headcount.sim.apiserver.store import Store
 from headcount.sim.apiserver.watching import WatchStreams
 from headcount.sim.apiserver.wire import status_response
 
-__all__ = ["build_app"]
+__all__ = ["build_admin_app", "build_app"]
 
 _log = logging.getLogger(__name__)
 
@@ -35,10 +36,18 @@ def build_app(
     app.add_routes(
         [
             *Discovery(listener).routes(),
+            *OpenApi().routes(),
             *ResourceApi(store, watches).routes(),
             *SimAdmin(store, faults).routes(),
         ]
     )
+    return app
+
+
+def build_admin_app(store: Store, faults: Faults) -> web.Application:
+    """The ``/_sim/`` API alone, for the admin port that no fault touches."""
+    app = web.Application(middlewares=[_answer_errors])
+    app.add_routes(SimAdmin(store, faults).routes())
     return app
 
 

@@ -17,9 +17,28 @@ from headcount.cli_errors import CommandParser, cannot_listen, fail, field_error
 from headcount.cli_values import add_listen_arguments
 from headcount.config import ConfigError
 from headcount.sim.apiserver.config import ApiServerSimConfig
+from headcount.sim.apiserver.kubelet import POD_IP_ANNOTATION, address_range
 from headcount.sim.apiserver.server import running_apiserver
 
-__all__ = ["add_arguments", "config_from_args", "main", "serve_forever"]
+__all__ = ["EPILOG", "add_arguments", "config_from_args", "main", "serve_forever"]
+
+EPILOG = f"""\
+the admin API, on both ports (JSON bodies; the admin port answers whatever the faults):
+  GET    /_sim/state                                   version, open watches, faults on
+  POST   /_sim/faults/drop-watches   {{"reset": true}}   end every watch (EOF, or TCP reset)
+  POST   /_sim/faults/refuse         {{"seconds": N}}    close the API port for N seconds
+  POST   /_sim/faults/blackhole                        accept, never answer
+  POST   /_sim/faults/stall                            watches silent, lists answer
+  POST   /_sim/faults/compact                          older resourceVersions answer 410
+  POST   /_sim/faults/restore                          undo refuse, blackhole and stall
+  PUT    /_sim/objects                                 create or replace (kind in the body)
+  PATCH  /_sim/objects/PLURAL/NAMESPACE/NAME           JSON merge patch
+  DELETE /_sim/objects/PLURAL/NAMESPACE/NAME[?graceful=true]
+e.g. curl -X POST ADMIN_URL/_sim/faults/refuse -d '{{"seconds": 10}}'
+
+--kubelet: a pod created without an IP gets one after --kubelet-delay (its
+{POD_IP_ANNOTATION} annotation, else the lowest free address of --kubelet-ips),
+then phase Running and Ready=True, so sim-engines on those addresses serve it."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +63,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.history_size,
         help=f"changes kept for watches to resume from (default {defaults.history_size})",
     )
+    parser.add_argument(
+        "--admin-port",
+        type=int,
+        default=0,
+        help="a second port serving only /_sim/, whatever the faults; 0: any free port (default 0)",
+    )
+    parser.add_argument(
+        "--kubelet",
+        action="store_true",
+        help="start new pods like a kubelet: a pod IP, Running, Ready (default: off)",
+    )
+    parser.add_argument(
+        "--kubelet-delay",
+        type=float,
+        default=defaults.kubelet_delay,
+        help=f"seconds from a pod's creation to its start (default {defaults.kubelet_delay:g})",
+    )
+    parser.add_argument(
+        "--kubelet-ips",
+        type=address_range,
+        default=defaults.kubelet_addresses,
+        metavar="FIRST-LAST",
+        help="the pod IPs --kubelet hands out, lowest free first (default "
+        f"{defaults.kubelet_addresses[0]}-{defaults.kubelet_addresses[-1]})",
+    )
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def config_from_args(args: argparse.Namespace) -> ApiServerSimConfig:
@@ -54,6 +100,10 @@ def config_from_args(args: argparse.Namespace) -> ApiServerSimConfig:
             port=args.port,
             bookmark_interval=args.bookmark_interval,
             history_size=args.history_size,
+            admin_port=args.admin_port,
+            kubelet=args.kubelet,
+            kubelet_delay=args.kubelet_delay,
+            kubelet_addresses=args.kubelet_ips,
         )
     except ValueError as exc:
         raise field_error(exc) from None
@@ -76,8 +126,11 @@ async def serve_forever(config: ApiServerSimConfig, kubeconfig_out: Path | None 
                 raise cannot_listen(config.host, config.port, exc) from None
             if kubeconfig_out is not None:
                 sim.kubeconfig(kubeconfig_out)
-            where = f" (kubeconfig: {kubeconfig_out})" if kubeconfig_out is not None else ""
-            print(f"sim-apiserver serving {sim.url}{where}", flush=True)
+            where = [f"admin: {sim.admin_url}"] if sim.admin_url is not None else []
+            if kubeconfig_out is not None:
+                where.append(f"kubeconfig: {kubeconfig_out}")
+            detail = f" ({', '.join(where)})" if where else ""
+            print(f"sim-apiserver serving {sim.url}{detail}", flush=True)
             await stop.wait()
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -14,9 +14,9 @@ from headcount.sim.apiserver.resources import GROUPS, RESOURCES
 from headcount.sim.apiserver.status import NO_SUCH_RESOURCE
 from headcount.sim.apiserver.wire import json_response
 
-__all__ = ["Discovery"]
+__all__ = ["GIT_VERSION", "Discovery"]
 
-_GIT_VERSION = "v1.30.0"
+GIT_VERSION = "v1.30.0"
 
 
 class Discovery:
@@ -37,12 +37,12 @@ class Discovery:
         ]
 
     async def _version(self, request: web.Request) -> web.Response:
-        major, minor, _ = _GIT_VERSION.lstrip("v").split(".")
+        major, minor, _ = GIT_VERSION.lstrip("v").split(".")
         return json_response(
             {
                 "major": major,
                 "minor": minor,
-                "gitVersion": _GIT_VERSION,
+                "gitVersion": GIT_VERSION,
                 "gitCommit": "0" * 40,
                 "gitTreeState": "clean",
                 "buildDate": "2024-04-17T17:27:03Z",

@@ -38,6 +38,11 @@ class Faults:
         """Watch streams send nothing at all, not even bookmarks."""
         return self.stalled or self.blackholed
 
+    @property
+    def refusing(self) -> bool:
+        """The API port is closed: connections to it are refused."""
+        return not self._listener.listening
+
     async def until_answering(self) -> None:
         """Return once the server answers requests: at once, unless blackholed."""
         await self._unblocked.wait()

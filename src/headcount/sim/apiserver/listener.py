@@ -30,6 +30,11 @@ class Listener:
         await self._runner.setup()
         await self._listen()
 
+    @property
+    def listening(self) -> bool:
+        """Accepting connections: started, not refusing, not closed."""
+        return self._site is not None
+
     async def refuse(self) -> None:
         """Stop listening (new connections: ECONNREFUSED) and abort every open connection."""
         if self._site is not None:

@@ -6,6 +6,7 @@ the parts it ties together each live in their own module.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
@@ -13,9 +14,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from headcount.sim.apiserver import writes
-from headcount.sim.apiserver.app import build_app
+from headcount.sim.apiserver.app import build_admin_app, build_app
 from headcount.sim.apiserver.config import ApiServerSimConfig
 from headcount.sim.apiserver.faults import Faults
+from headcount.sim.apiserver.kubelet import Kubelet
 from headcount.sim.apiserver.listener import Listener
 from headcount.sim.apiserver.objects import JsonObject
 from headcount.sim.apiserver.resources import BY_KIND, ENDPOINTSLICES, PODS, SERVICES, Kind
@@ -37,6 +39,16 @@ class ApiServerSim:
         self._store = Store(config.history_size)
         self._listener = Listener(config.host, config.port)
         self._faults = Faults(self._store, self._listener)
+        self._kubelet = (
+            Kubelet(self._store, config.kubelet_addresses, config.kubelet_delay, asyncio.sleep)
+            if config.kubelet
+            else None
+        )
+        if self._kubelet is not None:
+            self._store.observers.append(self._kubelet.observe)
+        self._admin = (
+            None if config.admin_port is None else Listener(config.host, config.admin_port)
+        )
 
     @property
     def port(self) -> int:
@@ -45,12 +57,12 @@ class ApiServerSim:
 
     @property
     def url(self) -> str:
-        host = self.config.host
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        return _url(self.config.host, self.port)
+
+    @property
+    def admin_url(self) -> str | None:
+        """Where the admin port serves ``/_sim/`` whatever the faults, if it has one."""
+        return None if self._admin is None else _url(self.config.host, self._admin.port)
 
     @property
     def resource_version(self) -> int:
@@ -168,16 +180,34 @@ class ApiServerSim:
         self._faults.compact()
 
     async def stop(self) -> None:
-        """End every watch cleanly and close the server."""
+        """End every watch cleanly and close the server (and its admin port)."""
         await self._listener.close(before=self._wind_down)
+        if self._admin is not None:
+            await self._admin.close(before=_nothing)
 
     async def _wind_down(self) -> None:
+        if self._kubelet is not None:
+            self._kubelet.close()
         self._faults.clear()
         await end_watches(self._store.watches, "eof")
 
     async def _start(self) -> None:
         app = build_app(self._store, self._faults, self._listener, self.config.bookmark_interval)
         await self._listener.start(app)
+        if self._admin is not None:
+            await self._admin.start(build_admin_app(self._store, self._faults))
+
+
+def _url(host: str, port: int) -> str:
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def start_apiserver(config: ApiServerSimConfig | None = None) -> ApiServerSim:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Literal
 
 from headcount.sim.apiserver.events import Event, EventType
@@ -38,6 +39,8 @@ class Store:
         self.oldest = 0
         """Watching from a version below this one is too old: its history is gone."""
         self.watches: set[Watch] = set()
+        self.observers: list[Callable[[Event], None]] = []
+        """Called with every change after the watches have it (the simulated kubelet)."""
         self._history: deque[Event] = deque()
         self._history_size = history_size
         self._objects: dict[Resource, dict[tuple[str, str], JsonObject]] = {
@@ -154,4 +157,6 @@ class Store:
             self.oldest = self._history.popleft().resource_version
         for watch in self.watches:
             watch.offer(event)
+        for observe in self.observers:
+            observe(event)
         return obj

@@ -1,0 +1,150 @@
+"""The emulator's kubelet starts created pods, and its admin port answers through every fault."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, running_apiserver
+from headcount.sim.apiserver.kubelet import POD_IP_ANNOTATION, Kubelet, address_range
+from headcount.sim.apiserver.resources import PODS
+from headcount.sim.apiserver.store import Store
+from headcount.sim.apiserver.writes import apply_as
+from tests.support import wait_until, wait_until_async
+from tests.test_sim_apiserver import refused
+
+TIMEOUT = aiohttp.ClientTimeout(total=5)
+
+
+class GatedSleep:
+    """A fake sleep that returns only once the test opens the gate, recording each delay."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self.gate = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await self.gate.wait()
+
+
+def bare_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, object]:
+    """A pod as kubectl creates it: a spec, no status."""
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "engine", "image": "sim"}]},
+    }
+
+
+def pod_status(store: Store, name: str) -> dict[str, object]:
+    pod = store.get(PODS, "default", name)
+    assert pod is not None
+    status: dict[str, object] = pod["status"]
+    return status
+
+
+def ready(status: dict[str, object]) -> bool:
+    conditions = status.get("conditions")
+    assert isinstance(conditions, list)
+    return {"type": "Ready", "status": "True"}.items() <= next(
+        c for c in conditions if c["type"] == "Ready"
+    ).items()
+
+
+@pytest.fixture
+def kubelet_store() -> tuple[Store, GatedSleep]:
+    store = Store(history_size=100)
+    sleep = GatedSleep()
+    kubelet = Kubelet(store, address_range("127.0.0.11-127.0.0.12"), 2.5, sleep)
+    store.observers.append(kubelet.observe)
+    return store, sleep
+
+
+async def test_kubelet_starts_a_created_pod_after_its_delay(
+    kubelet_store: tuple[Store, GatedSleep],
+) -> None:
+    store, sleep = kubelet_store
+    apply_as(store, PODS, bare_pod("engine-0"))
+    await wait_until(lambda: sleep.delays == [2.5], timeout=5, what="the kubelet's delay")
+    assert pod_status(store, "engine-0") == {"phase": "Pending"}
+    sleep.gate.set()
+    await wait_until(lambda: "podIP" in pod_status(store, "engine-0"), timeout=5, what="start")
+    status = pod_status(store, "engine-0")
+    assert (status["phase"], status["podIP"], ready(status)) == ("Running", "127.0.0.11", True)
+
+
+async def test_kubelet_hands_out_the_lowest_free_address_or_the_annotated_one(
+    kubelet_store: tuple[Store, GatedSleep],
+) -> None:
+    store, sleep = kubelet_store
+    sleep.gate.set()
+    for name in ("a", "b"):
+        apply_as(store, PODS, bare_pod(name))
+        await wait_until(lambda n=name: "podIP" in pod_status(store, n), timeout=5, what=name)
+    apply_as(store, PODS, bare_pod("c"))
+    apply_as(store, PODS, bare_pod("chosen", {POD_IP_ANNOTATION: "127.0.0.99"}))
+    await wait_until(lambda: "podIP" in pod_status(store, "chosen"), timeout=5, what="chosen")
+    assert [pod_status(store, n).get("podIP") for n in ("a", "b", "c", "chosen")] == [
+        "127.0.0.11",
+        "127.0.0.12",
+        None,  # the range is used up: it stays Pending
+        "127.0.0.99",
+    ]
+    store.delete(PODS, "default", "a", graceful=False)
+    apply_as(store, PODS, bare_pod("d"))
+    await wait_until(lambda: "podIP" in pod_status(store, "d"), timeout=5, what="reuse")
+    assert pod_status(store, "d")["podIP"] == "127.0.0.11"
+
+
+async def test_kubelet_leaves_a_pod_deleted_before_it_starts(
+    kubelet_store: tuple[Store, GatedSleep],
+) -> None:
+    store, sleep = kubelet_store
+    apply_as(store, PODS, bare_pod("gone"))
+    await wait_until(lambda: sleep.delays == [2.5], timeout=5, what="the kubelet's delay")
+    store.delete(PODS, "default", "gone", graceful=False)
+    version = store.resource_version
+    sleep.gate.set()
+    apply_as(store, PODS, bare_pod("next"))  # started after "gone"'s turn has passed
+    await wait_until(lambda: "podIP" in pod_status(store, "next"), timeout=5, what="next")
+    assert store.get(PODS, "default", "gone") is None
+    assert store.resource_version == version + 2, "only next's creation and start"
+
+
+def test_address_ranges_are_inclusive_and_checked() -> None:
+    assert address_range("127.0.0.11-127.0.0.13") == ("127.0.0.11", "127.0.0.12", "127.0.0.13")
+    assert address_range("127.0.0.5") == ("127.0.0.5",)
+    with pytest.raises(ValueError, match="below the first"):
+        address_range("127.0.0.13-127.0.0.11")
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[ApiServerSim]:
+    config = ApiServerSimConfig(admin_port=0, kubelet=True, kubelet_delay=0)
+    async with running_apiserver(config) as server:
+        yield server
+
+
+async def test_admin_port_edits_the_cluster_while_the_api_port_refuses(sim: ApiServerSim) -> None:
+    admin = sim.admin_url
+    assert admin is not None and admin != sim.url
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        async with http.put(f"{admin}/_sim/objects", json=bare_pod("engine-0")) as response:
+            assert response.status == 200
+        await wait_until(lambda: sim.pods()[0]["status"]["phase"] == "Running", timeout=5)
+        async with http.post(f"{admin}/_sim/faults/refuse", json={"seconds": 60}) as response:
+            assert response.status == 200
+        await wait_until_async(lambda: refused(sim.url), timeout=5, what="the refusal")
+        async with http.delete(f"{admin}/_sim/objects/pods/default/engine-0") as response:
+            assert (await response.json())["refusing"] is True
+        assert sim.pods() == []
+        async with http.get(f"{admin}/version") as response:
+            assert response.status == 404, "the admin port serves /_sim/ only"
+        async with http.post(f"{admin}/_sim/faults/restore") as response:
+            assert (await response.json())["refusing"] is False
+        async with http.get(f"{sim.url}/version") as response:
+            assert response.status == 200
