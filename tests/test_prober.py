@@ -466,7 +466,9 @@ async def test_any_exception_while_probing_is_a_failed_probe_logged_once_with_it
     assert engine.state is EngineState.UNHEALTHY
     assert engine.last_error == reason
     told = [r for r in caplog.records if "RecursionError" in r.getMessage()]
-    assert len(told) == 1 and told[0].exc_info is not None
+    by_prober = [r for r in told if r.name == "headcount.probe"]
+    assert len(by_prober) == 1 and by_prober[0].exc_info is not None
+    assert [r.name for r in told if r not in by_prober] == ["headcount.fleet"], "its change"
 
 
 class BrokenOnce(Fleet):
