@@ -3,12 +3,16 @@
 The fleet is driven directly (a fake clock times ejections), then discovery
 through the API server emulator for the reasons only discovery knows (a pod
 deleted, relabelled away, not ready, terminating, a deletion the watch missed).
-A steady fleet logs nothing.
+A steady fleet logs nothing. The JSON log mode carries each line's fields as
+top-level keys.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from headcount.config import OutlierSettings
 from headcount.discovery.pods import deleted_reason, reconcile_listed
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
+from headcount.logs import configure_logging
 from headcount.outliers import HTTP_5XX
 from headcount.sim.apiserver import ApiServerSim, make_pod
 from tests.support import wait_until
@@ -246,3 +251,63 @@ async def test_discovery_tells_why_each_pod_left_the_fleet(
         "default/unready": (logging.WARNING, "not ready"),
         "default/terminating": (logging.INFO, "terminating"),
     }
+
+
+# --- JSON logs -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """configure_logging replaces the root logger's handlers: put pytest's back after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def logged(fmt: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What one fleet change and one failure with a traceback write to stderr in `fmt`."""
+    stderr = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stderr)
+    configure_logging(fmt, "INFO")
+    fleet = ready_fleet()
+    fleet.remove(SPEC.id, "pod deleted")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("headcount.test").exception("failed", extra={"level": "forged"})
+    return stderr.getvalue().splitlines()
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_json_lines_carry_each_lines_fields_as_top_level_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    documents = [json.loads(line) for line in logged("json", monkeypatch) if line.startswith("{")]
+    removed = next(d for d in documents if d.get("event") == "engine_removed")
+    assert removed == {
+        "time": removed["time"],
+        "level": "info",
+        "logger": "headcount.fleet",
+        "message": "engine ns/a removed from k8s-pods (was ready): pod deleted",
+        "event": "engine_removed",
+        "engine": "ns/a",
+        "source": "k8s-pods",
+        "url": "http://10.0.0.1:8000",
+        "state": "ready",
+        "reason": "pod deleted",
+    }
+    ready = next(d for d in documents if d.get("event") == "engine_state")
+    assert (ready["state"], ready["previous_state"]) == ("ready", "pending")
+    failed = documents[-1]
+    assert failed["level"] == "error", "a field never overrides the line's own keys"
+    assert "RuntimeError: boom" in failed["exception"]
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_text_lines_are_the_message_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    line = next(line for line in logged("text", monkeypatch) if "removed" in line)
+    assert line.endswith(
+        "INFO    headcount.fleet: engine ns/a removed from k8s-pods (was ready): pod deleted"
+    )
