@@ -24,9 +24,9 @@ from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.logs import configure_logging
 from headcount.outliers import HTTP_5XX
-from headcount.sim.apiserver import ApiServerSim, make_pod
+from headcount.sim.apiserver import ApiServerSim, make_endpointslice, make_pod, make_service
 from tests.support import wait_until
-from tests.test_discovery_k8s import ENGINE, api, discovery, names
+from tests.test_discovery_k8s import ENGINE, SERVICES, api, discovery, names
 
 __all__ = ["api"]
 
@@ -251,6 +251,35 @@ async def test_discovery_tells_why_each_pod_left_the_fleet(
         "default/unready": (logging.WARNING, "not ready"),
         "default/terminating": (logging.INFO, "terminating"),
     }
+
+
+async def test_discovery_tells_why_each_service_left_the_fleet(
+    api: ApiServerSim, tmp_path: Path, story: pytest.LogCaptureFixture
+) -> None:
+    for name in ("unready", "headless", "deleted"):
+        api.apply_service(make_service(name, labels=ENGINE))
+        api.apply_endpointslice(make_endpointslice(name, [("10.1.0.1", True)]))
+    async with discovery(api, tmp_path, SERVICES) as (_, fleet):
+        assert len(names(fleet)) == 3
+        lines(story)
+        api.apply_endpointslice(make_endpointslice("unready", [("10.1.0.1", False)]))
+        api.apply_service(make_service("headless", labels=ENGINE, cluster_ip="None"))
+        api.delete_service("default", "deleted")
+        await wait_until(lambda: names(fleet) == {"default/unready"}, what="two engines gone")
+        await wait_until(lambda: not fleet.snapshot.engines[0].spec.ready, what="not ready")
+    assert sorted(lines(story)) == [
+        (
+            logging.INFO,
+            "engine default/deleted removed from k8s-services (was pending): "
+            "service deleted or no longer selected",
+        ),
+        (
+            logging.INFO,
+            "engine default/headless removed from k8s-services (was pending): "
+            "a headless Service (clusterIP None) has no single address",
+        ),
+        (logging.INFO, "engine default/unready not_ready (was pending): not ready at k8s-services"),
+    ]
 
 
 # --- JSON logs -------------------------------------------------------------------------------
