@@ -397,8 +397,7 @@ class Fleet:
             )
             reason = fleet_story.state_reason(engine.spec)
         elif result.inconclusive:
-            updated = replace(engine, last_error=result.error)
-            reason = f"inconclusive probe: {result.error}"
+            updated, reason = replace(engine, last_error=result.error), ""
         else:
             failures = engine.probe_failures + 1
             state = engine.state
