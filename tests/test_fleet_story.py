@@ -275,8 +275,7 @@ async def test_discovery_tells_why_each_service_left_the_fleet(
         ),
         (
             logging.INFO,
-            "engine default/headless removed from k8s-services (was pending): "
-            "a headless Service (clusterIP None) has no single address",
+            "engine default/headless removed from k8s-services (was pending): headless",
         ),
         (logging.INFO, "engine default/unready not_ready (was pending): not ready at k8s-services"),
     ]
