@@ -466,7 +466,9 @@ async def test_any_exception_while_probing_is_a_failed_probe_logged_once_with_it
     assert engine.state is EngineState.UNHEALTHY
     assert engine.last_error == reason
     told = [r for r in caplog.records if "RecursionError" in r.getMessage()]
-    assert len(told) == 1 and told[0].exc_info is not None
+    by_prober = [r for r in told if r.name == "headcount.probe"]
+    assert len(by_prober) == 1 and by_prober[0].exc_info is not None
+    assert [r.name for r in told if r not in by_prober] == ["headcount.fleet"], "its change"
 
 
 class BrokenOnce(Fleet):
@@ -581,3 +583,38 @@ def _scalars_only(card: Mapping[str, object]) -> bool:
     return all(
         isinstance(value, str | int | float | bool) or value is None for value in card.values()
     )
+
+
+async def test_a_failing_engine_is_told_once_per_change_never_once_per_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fleet tells each change of state; the prober only a failure that changed none."""
+    caplog.set_level(logging.INFO, logger="headcount")
+    answers = Answers()
+    del answers.bodies["/v1/models"]
+    settings = replace(SMALL, unhealthy_after=2)
+    async with probed(answers, settings) as (fleet, url):
+        await wait_until(lambda: state(fleet, url) is EngineState.UNHEALTHY)
+        answers.bodies["/v1/models"] = MODELS
+        await wait_until(lambda: state(fleet, url) is EngineState.READY)
+        del answers.bodies["/v1/models"]
+        await wait_until(lambda: state(fleet, url) is EngineState.UNHEALTHY)
+        failed = answers.sent["/v1/models"]
+        await wait_until(
+            lambda: answers.sent["/v1/models"] >= failed + 4 * len(b"no"), what="4 more failures"
+        )
+        answers.bodies["/v1/models"] = MODELS
+        await wait_until(lambda: state(fleet, url) is EngineState.READY)
+    told = [
+        (r.name, r.levelno, r.getMessage().split(": ", 1)[0].replace(url, "E"))
+        for r in caplog.records
+        if r.name in ("headcount.fleet", "headcount.probe")
+    ]
+    assert told == [
+        ("headcount.fleet", logging.INFO, "engine E added by static at E (pending)"),
+        ("headcount.fleet", logging.WARNING, "engine E unhealthy (was pending)"),
+        ("headcount.fleet", logging.INFO, "engine E ready (was unhealthy)"),
+        ("headcount.probe", logging.WARNING, "engine E failed a probe (ready)"),
+        ("headcount.fleet", logging.WARNING, "engine E unhealthy (was ready)"),
+        ("headcount.fleet", logging.INFO, "engine E ready (was unhealthy)"),
+    ]

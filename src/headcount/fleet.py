@@ -10,6 +10,9 @@ events costs one rebuild, and so does the end of an outlier ejection (the
 snapshot knows when the first one ends). Removing an engine drops every piece
 of per-engine state with it.
 
+Every state change is logged once, with its reason (`fleet_story.py`): the
+reason for a removal comes from the source that knows it.
+
 Listeners hear every write that changes the engine set or takes an engine out
 of rotation (`FleetChange.left`), so the proxy can fail over requests still
 waiting on it at once.
@@ -22,12 +25,12 @@ and out of it, reads in one module.
 from __future__ import annotations
 
 import enum
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from headcount import fleet_story
 from headcount.clock import Clock
 from headcount.outliers import NOT_EJECTED, Ejection, next_ejection, route_around
 from headcount.vllm_load import VllmLoad
@@ -45,8 +48,6 @@ __all__ = [
     "ProbeResult",
     "Snapshot",
 ]
-
-_log = logging.getLogger(__name__)
 
 
 class EngineState(enum.StrEnum):
@@ -308,8 +309,16 @@ class Fleet:
     def subscribe(self, listener: FleetListener) -> None:
         self._listeners.append(listener)
 
-    def reconcile(self, source: str, specs: Iterable[EngineSpec]) -> FleetChange:
-        """Make `source`'s engines exactly `specs`: add new, re-probe changed, remove gone."""
+    def reconcile(
+        self,
+        source: str,
+        specs: Iterable[EngineSpec],
+        *,
+        removed_reason: str = "no longer listed",
+        removal_is_failure: bool = False,
+    ) -> FleetChange:
+        """Make `source`'s engines exactly `specs`: add new, re-probe changed, remove gone
+        (logged with `removed_reason`, as a WARNING if `removal_is_failure`)."""
         wanted = {spec.id: spec for spec in specs}
         removed = tuple(
             engine_id
@@ -317,7 +326,8 @@ class Fleet:
             if engine.spec.source == source and engine_id not in wanted
         )
         for engine_id in removed:
-            del self._engines[engine_id]
+            gone = self._engines.pop(engine_id)
+            fleet_story.removed(gone, removed_reason, failure=removal_is_failure)
         added: list[str] = []
         changed: list[str] = []
         unchanged = 0
@@ -340,10 +350,15 @@ class Fleet:
             return self._publish(FleetChange(changed=(spec.id,)))
         return FleetChange(unchanged=1)
 
-    def remove(self, engine_id: str) -> FleetChange:
-        """Forget one engine and all its state (a watch DELETED event)."""
-        if self._engines.pop(engine_id, None) is None:
+    def remove(
+        self, engine_id: str, reason: str = "removed by its source", *, failure: bool = False
+    ) -> FleetChange:
+        """Forget one engine and all its state (a watch DELETED event, or an object that is no
+        engine any more); `reason` says why in the log, as a WARNING if `failure`."""
+        gone = self._engines.pop(engine_id, None)
+        if gone is None:
             return FleetChange()
+        fleet_story.removed(gone, reason, failure=failure)
         return self._publish(FleetChange(removed=(engine_id,)))
 
     def source_ids(self, source: str) -> frozenset[str]:
@@ -380,23 +395,27 @@ class Fleet:
                 last_error=None,
                 ejection=ejection,
             )
+            reason = fleet_story.state_reason(engine.spec)
         elif result.inconclusive:
-            updated = replace(engine, last_error=result.error)
+            updated, reason = replace(engine, last_error=result.error), ""
         else:
             failures = engine.probe_failures + 1
             state = engine.state
             if engine.state is EngineState.PENDING or failures >= self._unhealthy_after:
                 state = EngineState.UNHEALTHY
             updated = replace(engine, state=state, probe_failures=failures, last_error=result.error)
+            reason = f"probe failed: {result.error}"
         if updated != engine:
-            self._store(updated)
+            self._store(updated, reason=reason)
             self._publish_left()
 
     def eject(self, engine_id: str, reason: str) -> None:
         """Take an engine out of rotation until its next successful probe (passive health)."""
         engine = self._engines.get(engine_id)
         if engine is not None and engine.state is EngineState.READY:
-            self._store(replace(engine, state=EngineState.UNHEALTHY, last_error=reason))
+            self._store(
+                replace(engine, state=EngineState.UNHEALTHY, last_error=reason), reason=reason
+            )
             self._publish_left()
 
     def record_error(self, engine_id: str, reason: str) -> bool:
@@ -415,14 +434,7 @@ class Fleet:
         if engine.ejection.active(now):
             return False  # answers to requests sent before the ejection
         ejection = next_ejection(engine.ejection, now, reason, settings)
-        _log.warning(
-            "engine %s ejected for %gs (ejection %d): %d errors in a row, the last %s",
-            engine.spec.name,
-            ejection.until - now,
-            ejection.count,
-            settings.consecutive_errors,
-            reason,
-        )
+        fleet_story.ejected(engine, ejection, now, settings.consecutive_errors)
         self._store(replace(engine, ejection=ejection), ejected=True)
         self._publish_left()
         return True
@@ -438,12 +450,20 @@ class Fleet:
         if current.spec.probe_key() == spec.probe_key():
             self._store(replace(current, spec=spec))
             return "unchanged"
-        self._store(replace(current, spec=spec, state=_state_after_change(current, spec)))
+        self._store(
+            replace(current, spec=spec, state=_state_after_change(current, spec)),
+            reason=fleet_story.spec_change_reason(current.spec, spec),
+        )
         return "changed"
 
-    def _store(self, engine: Engine, *, ejected: bool = False) -> None:
+    def _store(self, engine: Engine, *, ejected: bool = False, reason: str = "") -> None:
+        """Write `engine` and log its arrival, or its change of state for `reason`."""
         previous = self._engines.get(engine.id)
         self._engines[engine.id] = engine
+        if previous is None:
+            fleet_story.added(engine)
+        else:
+            fleet_story.changed(previous, engine, reason)
         self._version += 1
         self._stale = True
         if previous is not None and previous.routable and (ejected or not engine.routable):
@@ -478,15 +498,11 @@ class Fleet:
         self._ejection_ends = min((engine.ejection.until for engine in out), default=None)
         for engine_id in previous.ejected - ejected:
             if engine_id in snapshot.by_id:
-                _log.info("engine %s: outlier ejection over", snapshot.by_id[engine_id].spec.name)
+                fleet_story.ejection_over(snapshot.by_id[engine_id])
         for model in snapshot.panicking - previous.panicking:
-            _log.warning(
-                "model %s: over %g%% of its engines ejected as outliers; routing to all of them",
-                model,
-                percent,
-            )
+            fleet_story.panic_started(model, percent)
         for model in previous.panicking - snapshot.panicking:
-            _log.info("model %s: no longer panicking, outliers left out again", model)
+            fleet_story.panic_over(model)
 
 
 def _state_after_change(current: Engine, spec: EngineSpec) -> EngineState:

@@ -1,4 +1,12 @@
-"""Log set-up: one line per event, as text for people or JSON for log pipelines."""
+"""Log set-up: one line per event, as text for people or JSON for log pipelines.
+
+A line's facts travel twice: in words, in its message, and as fields passed with
+`extra=` (`engine`, `source`, `reason`, `state`, `request_id`...). JSON mode
+writes each field as a top-level key beside `time`, `level`, `logger` and
+`message` (which a field cannot override); a value JSON cannot hold is written
+as its `str`. Text mode writes the message alone: it already says what the
+fields say, and a line stays readable.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +14,29 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 __all__ = ["configure_logging"]
+
+_RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+"""What every record carries: whatever else it has came with `extra=`."""
 
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        document = {
+        document: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRIBUTES:
+                document.setdefault(key, value)
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
-        return json.dumps(document)
+        return json.dumps(document, default=str)
 
 
 def configure_logging(fmt: str, level: str) -> None:

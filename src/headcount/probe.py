@@ -12,9 +12,10 @@ An engine's answers are untrusted: each is read up to `max_bytes` and parsed
 as it streams in (`model_list`, `vllm_load`), a few KiB at a time with the
 event loop free in between, so no answer stalls the router or grows its
 memory. Any exception while probing an engine is a failed probe with a
-reason, never a dead task; reasons are logged once per engine until they
-change (with the traceback when the exception is not one an engine or the
-network can cause).
+reason, never a dead task. The fleet logs what a probe changes (an engine
+ready, unhealthy); the prober logs a failure that changes no state once per
+engine until its reason changes, and the traceback of any exception that is
+not one an engine or the network can cause.
 
 Engine host names are looked up as the proxy does (`probe_resolver.py`: never
 cached). A probe that fails for the router's own reasons, a failed lookup
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import aiohttp
@@ -47,8 +48,6 @@ _log = logging.getLogger(__name__)
 _STEP = 4 * 1024
 """Bytes of an answer parsed between two turns of the event loop: well under a millisecond of
 work for common answers, a few for the costliest JSON an engine can craft."""
-_LISTED = 10
-"""Model ids named in the log line of an engine that became ready."""
 
 
 class ProbeError(Exception):
@@ -169,30 +168,31 @@ class Prober:
     def _record(
         self, engine: Engine, result: ProbeResult, unexpected: BaseException | None
     ) -> None:
-        was_routable = engine.routable
+        """Apply a probe (the fleet logs a change of state); log a failure that changed none,
+        or came from an unforeseen exception, once until its reason changes."""
         self._fleet.apply_probe(engine.id, result)
         now = self._fleet.snapshot.by_id.get(engine.id)
         if now is None:
             return
-        name = engine.spec.name
-        if now.routable != was_routable:
-            if now.routable:
-                _log.info("engine %s ready: serves %s", name, _listing(now.served))
-            else:
-                _log.warning(
-                    "engine %s out of rotation (%s): %s",
-                    name,
-                    now.state,
-                    result.error,
-                    exc_info=unexpected,
-                )
-        elif result.error is not None and self._told.get((engine.id, "probe")) != result.error:
+        told = self._told.get((engine.id, "probe"))
+        if (
+            result.error is not None
+            and told != result.error
+            and (now.state is engine.state or unexpected is not None)
+        ):
             _log.warning(
                 "engine %s failed a probe (%s): %s",
-                name,
+                engine.spec.name,
                 now.state,
                 result.error,
                 exc_info=unexpected,
+                extra={
+                    "event": "probe_failed",
+                    "engine": engine.spec.name,
+                    "url": engine.url,
+                    "state": str(now.state),
+                    "reason": result.error,
+                },
             )
         if result.error is None:
             self._told.pop((engine.id, "probe"), None)
@@ -307,11 +307,6 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, _EXPECTED):
         return str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {exc}"[:200]
-
-
-def _listing(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:_LISTED])
-    return shown if len(names) <= _LISTED else f"{shown} and {len(names) - _LISTED} more"
 
 
 def _observe(task: asyncio.Task[None]) -> None:

@@ -8,8 +8,9 @@ shared with Services) say where its KV events are published; a malformed one
 is ignored with a warning, the engine still routable.
 `PodSource` keeps the fleet's engines equal to the pods that map to one: every
 LIST is a full reconcile (each engine it removes is a deletion the watch
-missed, counted and logged), every watch event an upsert or a removal. The
-pods it matched that are not engines are kept in its status with the reason.
+missed, counted and logged), every watch event an upsert or a removal, with
+its reason for the log. The pods it matched that are not engines are kept in
+its status with the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "KV_EVENTS_REPLAY_PORT_ANNOTATION",
     "PodSource",
     "apply_observed",
+    "deleted_reason",
     "kv_event_ports",
     "not_an_engine",
     "pod_engine",
@@ -165,18 +167,15 @@ def not_an_engine(obj: KubeObject, kind: str, reason: str) -> NotAnEngine:
 
 
 def reconcile_listed(fleet: Fleet, status: SourceStatus, specs: list[EngineSpec]) -> None:
-    """Apply a LIST as a full replace; count and log what it removed: deletions the watch missed."""
-    before = fleet.snapshot.by_id
-    change = fleet.reconcile(status.name, specs)
-    if not change.removed:
-        return
-    status.removed_by_relist += len(change.removed)
-    _log.warning(
-        "%s: relist removed %d engine(s) the watch had missed: %s",
+    """Apply a LIST as a full replace; count what it removed: deletions the watch missed (the
+    fleet logs each)."""
+    change = fleet.reconcile(
         status.name,
-        len(change.removed),
-        ", ".join(sorted(before[engine_id].spec.name for engine_id in change.removed)),
+        specs,
+        removed_reason="relist removed: the watch missed its deletion",
+        removal_is_failure=True,
     )
+    status.removed_by_relist += len(change.removed)
 
 
 def reconcile_observed(
@@ -190,16 +189,38 @@ def reconcile_observed(
     }
 
 
+_FAILURES = frozenset({"not ready", "failed", "not running", "malformed"})
+"""Reasons an object stops being an engine that are faults (its removal is a warning)."""
+
+
 def apply_observed(
-    fleet: Fleet, status: SourceStatus, uid: str, observed: EngineSpec | NotAnEngine | None
+    fleet: Fleet,
+    status: SourceStatus,
+    uid: str,
+    observed: EngineSpec | NotAnEngine | None,
+    gone: str = "deleted",
 ) -> None:
-    """Apply one changed object: an engine, a non-engine, or gone (None)."""
+    """Apply one changed object: an engine, a non-engine, or gone (None; `gone` says why)."""
     if isinstance(observed, EngineSpec):
         status.note(uid, None)
         fleet.upsert(observed)
     else:
         status.note(uid, observed)
-        fleet.remove(uid)
+        if observed is None:
+            fleet.remove(uid, gone)
+        else:
+            fleet.remove(uid, observed.reason, failure=observed.reason in _FAILURES)
+
+
+def deleted_reason(obj: KubeObject, what: str) -> str:
+    """Why the engine of `obj` (a `what`: pod, service) leaves on a DELETED event.
+
+    One that was not being deleted has left the label selector, or was deleted at once: the
+    event cannot say which (the API server sends the object as it last matched).
+    """
+    if obj["metadata"].get("deletionTimestamp"):
+        return f"{what} deleted"
+    return f"{what} deleted or no longer selected"
 
 
 class PodSource:
@@ -256,4 +277,4 @@ class PodSource:
     def _on_event(self, kind: str, pod: KubeObject) -> None:
         uid = str(pod["metadata"]["uid"])
         engine = None if kind == "DELETED" else self._engine(pod)
-        apply_observed(self._fleet, self.status, uid, engine)
+        apply_observed(self._fleet, self.status, uid, engine, deleted_reason(pod, "pod"))

@@ -161,7 +161,11 @@ class Reflector:
         self._trouble.recovered()
         log = _log.info if first else _log.debug
         log(
-            "%s: listed %d objects at resourceVersion %s", status.name, len(items), resource_version
+            "%s: listed %d objects at resourceVersion %s",
+            status.name,
+            len(items),
+            resource_version,
+            extra={"event": "listed", "source": status.name, "objects": len(items)},
         )
         return resource_version
 
@@ -198,9 +202,15 @@ class Reflector:
             _log.debug("%s: watch ended after %.1fs; relisting", name, lasted)
             return "watch-ended"
         if _is_expired(ended_by):
-            _log.info("%s: watch history expired (%s); relisting", name, ended_by)
+            _log.info(
+                "%s: watch history expired (%s); relisting",
+                name,
+                ended_by,
+                extra=_fields(name, "relisting", "expired"),
+            )
             return "expired"
-        _log.info("%s: %s; relisting", name, ended_by)  # idle: a stalled or half-open stream
+        idle = _fields(name, "relisting", "idle-timeout")  # a stalled or half-open stream
+        _log.info("%s: %s; relisting", name, ended_by, extra=idle)
         return "idle-timeout"
 
     def _handle(self, event: WatchEvent) -> None:
@@ -210,7 +220,10 @@ class Reflector:
             if event.type not in self._unknown_types:
                 self._unknown_types.add(event.type)
                 _log.warning(
-                    "%s: skipping watch event of unknown type %r", self.status.name, event.type
+                    "%s: skipping watch event of unknown type %r",
+                    self.status.name,
+                    event.type,
+                    extra=_fields(self.status.name, "unknown_event", event.type),
                 )
             return
         _, version = object_key(event.object)
@@ -239,7 +252,9 @@ class Reflector:
             back_off.cancel()
             came_back.cancel()
         if came_back.done() and not came_back.cancelled():
-            _log.info("%s: API server answers again; relisting now", self.status.name)
+            name = self.status.name
+            back = _fields(name, "relisting", "api-server-back")
+            _log.info("%s: API server answers again; relisting now", name, extra=back)
 
     async def _until_back(self, was_down: bool) -> None:
         """Return once an API server that did not answer answers again.
@@ -274,6 +289,11 @@ class Reflector:
     def _touch(self) -> None:
         if self._on_status is not None:
             self._on_status()
+
+
+def _fields(source: str, event: str, reason: str) -> dict[str, str]:
+    """A line's fields for JSON logs."""
+    return {"event": event, "source": source, "reason": reason}
 
 
 def _is_expired(exc: Exception) -> bool:
@@ -349,6 +369,7 @@ class _Trouble:
             self._attempts,
             since,
             exc_info=unexpected,
+            extra=_fields(self._name, "failing", message) | {"attempts": self._attempts},
         )
         self._last_message = message
         self._last_warning = now
@@ -359,6 +380,12 @@ class _Trouble:
             return
         since = self._clock() - self._failing_since
         log = _log.info if self._warned else _log.debug
-        log("%s: recovered after %d failed attempts in %.1fs", self._name, self._attempts, since)
+        log(
+            "%s: recovered after %d failed attempts in %.1fs",
+            self._name,
+            self._attempts,
+            since,
+            extra={"event": "recovered", "source": self._name, "attempts": self._attempts},
+        )
         self._failing_since = None
         self._warned = False

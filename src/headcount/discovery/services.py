@@ -24,6 +24,7 @@ from headcount.discovery.isolation import Isolation
 from headcount.discovery.listwatch import KubeObject, ListerWatcher
 from headcount.discovery.pods import (
     apply_observed,
+    deleted_reason,
     kv_event_ports,
     not_an_engine,
     reconcile_observed,
@@ -208,9 +209,12 @@ class ServiceSource:
         name, uid = str(service["metadata"]["name"]), str(service["metadata"]["uid"])
         previous = self._services.pop(name, None)
         if previous is not None and str(previous["metadata"]["uid"]) != uid:
-            apply_observed(self._fleet, self.status, str(previous["metadata"]["uid"]), None)
+            previous_uid = str(previous["metadata"]["uid"])
+            replaced = "replaced by a new service"
+            apply_observed(self._fleet, self.status, previous_uid, None, replaced)
         if kind == "DELETED":
-            apply_observed(self._fleet, self.status, uid, None)
+            gone = deleted_reason(service, "service")
+            apply_observed(self._fleet, self.status, uid, None, gone)
             return
         self._services[name] = service
         self._refresh(name)
