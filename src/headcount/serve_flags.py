@@ -128,6 +128,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--first-byte-timeout", type=parse_duration, default=proxy_d.first_byte_timeout
     )
     proxy.add_argument("--dns-timeout", type=parse_duration, default=dns_d.timeout)
+    proxy.add_argument("--access-log-sample", type=float, default=proxy_d.access_log_sample)
 
     outlier = parser.add_argument_group("outlier detection")
     outlier.add_argument(
@@ -267,6 +268,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             client_header_timeout=ns.client_header_timeout,
             client_send_timeout=ns.client_send_timeout,
             first_byte_timeout=ns.first_byte_timeout,
+            access_log_sample=ns.access_log_sample,
         ),
         probe=ProbeSettings(
             interval=ns.probe_interval,
