@@ -55,17 +55,18 @@ class AccessEntry:
         method: bytes,
         path: bytes,
         model: str,
-        engine: str | None,
         status: int,
         outcome: str,
-        ttfb: float | None,
         duration: float,
         bytes_in: int,
         bytes_out: int,
-        failovers: int,
-        cut: bool,
-        cached_tokens: int | None,
+        engine: str | None = None,
+        ttfb: float | None = None,
+        failovers: int = 0,
+        cut: bool = False,
+        cached_tokens: int | None = None,
     ) -> None:
+        """The defaults are a request no engine saw."""
         self.request_id = request_id
         self.method = method
         self.path = path

@@ -407,16 +407,11 @@ class Proxy:
                 method=request.method,
                 path=request.path,
                 model=refused.label,
-                engine=None,
                 status=status,
                 outcome=outcome,
-                ttfb=None,
                 duration=duration,
                 bytes_in=len(request.body),
                 bytes_out=len(body),
-                failovers=0,
-                cut=False,
-                cached_tokens=None,
             )
             access.write(entry)
 
