@@ -211,7 +211,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_discovery_relists_total": frozenset({"source", "reason"}),
     "headcount_discovery_reconcile_removed_total": frozenset({"source"}),
     "headcount_engines": frozenset({"state"}),
-    "headcount_requests_total": frozenset({"model", "code"}),
+    "headcount_requests_total": frozenset({"model", "code", "outcome"}),
     "headcount_request_duration_seconds": frozenset({"model"}),
     "headcount_time_to_first_byte_seconds": frozenset({"model"}),
     "headcount_upstream_failovers_total": frozenset({"reason"}),

@@ -353,8 +353,9 @@ async def test_writes_are_method_not_allowed(admin: Admin, method: str) -> None:
     response = await admin.get("/engines", method=method)
     assert response.status == 405
     error = json.loads(response.body)["error"]
-    assert error["message"] == f"{method} not allowed on /engines"
-    assert (error["type"], error["code"]) == ("invalid_request_error", 405)
+    assert error["message"] == f"{method} not allowed on /engines; use GET, HEAD"
+    assert (error["type"], error["code"]) == ("invalid_request_error", "method_not_allowed")
+    assert response.headers["allow"] == "GET, HEAD"
 
 
 async def test_head_is_answered_like_get(admin: Admin) -> None:
@@ -365,7 +366,7 @@ async def test_an_unknown_path_is_not_found(admin: Admin) -> None:
     status, body = await admin.get_json("/v1/nothing")
     assert status == 404
     assert body["error"]["message"] == "no route for /v1/nothing"
-    assert body["error"]["code"] == 404
+    assert body["error"]["code"] == "not_found"
 
 
 # ------------------------------------------------------------------ kv-aware: cache indexes

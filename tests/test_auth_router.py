@@ -86,7 +86,7 @@ class Running:
         registry = self.router.metrics.registry
         return (
             registry.get_sample_value(
-                "headcount_requests_total", {"model": "unknown", "code": str(code)}
+                "headcount_requests_total", {"model": "unknown", "code": str(code), "outcome": "ok"}
             )
             or 0.0
         )

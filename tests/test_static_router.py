@@ -257,7 +257,7 @@ async def test_metrics_export_exactly_the_design_families_with_their_labels(
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
         )
 
-    assert value("headcount_requests_total", model=MODEL, code="200") == 8
+    assert value("headcount_requests_total", model=MODEL, code="200", outcome="ok") == 8
     assert value("headcount_upstream_failovers_total", reason="connect_failed") >= 1
     assert value("headcount_discovery_relists_total", source="k8s-pods", reason="start") == 1
     assert value("headcount_discovery_watch_connected", source="k8s-pods") == 1

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from headcount._http.local import LocalRequest, LocalResponse
+from headcount._http.local import LocalRequest, LocalResponse, method_not_allowed, not_found
 from headcount.config import HealthSettings
 from headcount.discovery.source import NotAnEngine, SourceStatus
 from headcount.fleet import Engine, Fleet, Snapshot
@@ -35,19 +35,6 @@ __all__ = ["AdminApp"]
 
 _TEXT = "text/plain; charset=utf-8"
 _API_PREFIX = "/v1/"
-
-
-def _not_found(path: str) -> LocalResponse:
-    return LocalResponse.json(
-        404,
-        {
-            "error": {
-                "message": f"no route for {path}",
-                "type": "invalid_request_error",
-                "code": 404,
-            }
-        },
-    )
 
 
 class AdminApp:
@@ -96,16 +83,7 @@ class AdminApp:
     async def handle(self, request: LocalRequest) -> LocalResponse:
         method, path, query = request.method, request.path, request.query
         if method not in ("GET", "HEAD"):
-            return LocalResponse.json(
-                405,
-                {
-                    "error": {
-                        "message": f"{method} not allowed on {path}",
-                        "type": "invalid_request_error",
-                        "code": 405,
-                    }
-                },
-            )
+            return method_not_allowed(method, path, "GET, HEAD")
         if path == "/v1/models":
             return self._models()
         if path == "/engines":
@@ -132,18 +110,18 @@ class AdminApp:
                 return _checks(
                     title, report.live if title == "livez" else report.ready, path, query
                 )
-        return _not_found(path)
+        return not_found(path)
 
     async def handle_api(self, request: LocalRequest) -> LocalResponse:
         """The data port's answers when the admin endpoints have a port of their own."""
         if request.path.startswith(_API_PREFIX):
             return await self.handle(request)
-        return _not_found(request.path)
+        return not_found(request.path)
 
     async def handle_admin(self, request: LocalRequest) -> LocalResponse:
         """The admin port's answers: everything but the OpenAI API."""
         if request.path.startswith(_API_PREFIX):
-            return _not_found(request.path)
+            return not_found(request.path)
         return await self.handle(request)
 
     def _models(self) -> LocalResponse:
@@ -161,7 +139,7 @@ def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> Local
     if name:
         checks = [check for check in checks if check.name == name]
         if not checks:
-            return _not_found(path)
+            return not_found(path)
     verbose = any(part.split("=")[0] == "verbose" for part in query.split("&"))
     status, text = render_checks(title, checks, verbose=verbose)
     return LocalResponse(status, text.encode(), _TEXT)

@@ -133,6 +133,9 @@ class ProxySettings:
     first_byte_timeout: float | None = None
     """Off by default: a long prompt's prefill legitimately takes minutes before the first
     byte. Set, an attempt with no response byte within it is failed over to another engine."""
+    access_log_sample: float = 0.01
+    """Share of successful requests given an access-log line (`headcount.access`); errors,
+    cut streams and failovers always get one. 0: no access log, 1: every request."""
 
     def __post_init__(self) -> None:
         if self.max_failovers < 0:
@@ -155,6 +158,8 @@ class ProxySettings:
             raise ConfigError("parse_workers must be at least 1")
         if self.first_byte_timeout is not None:
             _require_positive(("--first-byte-timeout", self.first_byte_timeout))
+        if not 0 <= self.access_log_sample <= 1:
+            raise ConfigError("--access-log-sample must be within 0-1 (0: off, 1: every request)")
 
     def connection_limit(self, open_files: int) -> int:
         """`max_connections`, or its default for a process that may open `open_files` files."""

@@ -34,7 +34,18 @@ from headcount.kvindex.stream import ClearReason
 from headcount.kvindex.trust import IndexTrust
 from headcount.outliers import REASONS as OUTLIER_REASONS
 
-__all__ = ["CONTENT_TYPE", "LOCAL_RESOURCES", "UNKNOWN_MODEL", "Metrics"]
+__all__ = [
+    "CLIENT_CLOSED",
+    "CONTENT_TYPE",
+    "CUT",
+    "ERROR",
+    "LOCAL_RESOURCES",
+    "OK",
+    "OUTCOMES",
+    "UNKNOWN_MODEL",
+    "Metrics",
+    "whole",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -44,6 +55,23 @@ UNKNOWN_MODEL = "unknown"
 LOCAL_RESOURCES = ("fds", "memory", "buffers", "connections")
 """The `resource` label of `headcount_local_resource_errors_total` (`connections`: a client
 refused over `--max-connections`)."""
+
+OK = "ok"
+"""The response reached the client whole, with a status under 500."""
+ERROR = "error"
+"""The response reached the client whole, with a 5xx (the router's or an engine's)."""
+CUT = "cut"
+"""The client got a status, then the body broke off (an engine's stream failed)."""
+CLIENT_CLOSED = "client_closed"
+"""The client left before the response was whole."""
+OUTCOMES = (OK, ERROR, CUT, CLIENT_CLOSED)
+"""The `outcome` label of `headcount_requests_total`: how the answer ended, beside `code`."""
+
+
+def whole(status: int) -> str:
+    """The outcome of a response that reached the client whole with `status`."""
+    return ERROR if status >= 500 else OK
+
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -72,8 +100,9 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "headcount_requests",
-            "Requests answered, by requested model and HTTP status.",
-            ["model", "code"],
+            "Requests answered, by requested model, the HTTP status the client saw (499: none, "
+            "it left first) and how the answer ended (outcome: ok, error, cut, client_closed).",
+            ["model", "code", "outcome"],
             registry=self.registry,
         )
         self._duration = Histogram(
@@ -120,21 +149,25 @@ class Metrics:
             ["task"],
             registry=self.registry,
         )
-        self._children: dict[tuple[str, int], tuple[Counter, Histogram, Histogram]] = {}
+        self._children: dict[tuple[str, int, str], tuple[Counter, Histogram, Histogram]] = {}
         self._local_watchers: list[Callable[[str], None]] = []
 
-    def request_done(self, model: str, code: int, duration: float, ttfb: float | None) -> None:
-        children = self._children.get((model, code))
+    def request_done(
+        self, model: str, code: int, outcome: str, duration: float, ttfb: float | None
+    ) -> None:
+        """One request's end: `code` the status the client saw, `outcome` one of `OUTCOMES`."""
+        key = (model, code, outcome)
+        children = self._children.get(key)
         if children is None:
             if len(self._children) > 10_000:
                 # Bound the label cache: model names come from clients.
                 self._children.clear()
             children = (
-                self._requests.labels(model, str(code)),
+                self._requests.labels(model, str(code), outcome),
                 self._duration.labels(model),
                 self._ttfb.labels(model),
             )
-            self._children[(model, code)] = children
+            self._children[key] = children
         requests, duration_hist, ttfb_hist = children
         requests.inc()
         duration_hist.observe(duration)
@@ -143,7 +176,7 @@ class Metrics:
 
     def rejected(self, code: int) -> None:
         """A request the HTTP layer refused before it was read whole (400, 413, 431...)."""
-        self._requests.labels(UNKNOWN_MODEL, str(code)).inc()
+        self._requests.labels(UNKNOWN_MODEL, str(code), whole(code)).inc()
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()

@@ -222,6 +222,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             "one lookup of an engine's host name, under --probe-timeout", dns_d.timeout
         ),
     )
+    proxy.add_argument(
+        "--access-log-sample",
+        type=float,
+        default=proxy_d.access_log_sample,
+        help="share of successful requests given an access-log line; 5xx, cut streams and "
+        "failovers always get one; 0: off, 1: every request "
+        f"(default {proxy_d.access_log_sample:g})",
+    )
 
     outlier = parser.add_argument_group("outlier detection")
     outlier.add_argument(
@@ -435,6 +443,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             client_header_timeout=ns.client_header_timeout,
             client_send_timeout=ns.client_send_timeout,
             first_byte_timeout=ns.first_byte_timeout,
+            access_log_sample=ns.access_log_sample,
         ),
         probe=ProbeSettings(
             interval=ns.probe_interval,

@@ -3,8 +3,11 @@
 The data plane hands every request it does not proxy (`/v1/models`, `/engines`,
 health, metrics, unknown paths) to a `LocalHandler`, a coroutine from
 `LocalRequest` to `LocalResponse` that knows nothing of the wire. `serve_local`
-runs it as a task that a client leaving cancels; a handler that raises gets a
-generic 500 (logged once; no stack trace reaches the client).
+runs it as a task that a client leaving cancels, and sends the request's
+`x-request-id` back on every answer; a handler that raises gets a generic 500
+(logged once; no stack trace reaches the client). `not_found` and
+`method_not_allowed` are the OpenAI-shaped errors for a path nobody serves and
+a known path asked with the wrong method (405 with `Allow`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from headcount._http.handler import Request, Responder
-from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER
+from headcount._http.wire import (
+    INTERNAL_ERROR_BODY,
+    JSON_HEADER,
+    method_not_allowed_body,
+    not_found_body,
+)
 
-__all__ = ["LocalHandler", "LocalRequest", "LocalResponse", "TaskExchange", "serve_local"]
+__all__ = [
+    "LocalHandler",
+    "LocalRequest",
+    "LocalResponse",
+    "TaskExchange",
+    "method_not_allowed",
+    "not_found",
+    "serve_local",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +64,17 @@ class LocalResponse:
         return cls(status, json.dumps(payload).encode())
 
 
+def not_found(path: str) -> LocalResponse:
+    return LocalResponse(404, not_found_body(path))
+
+
+def method_not_allowed(method: str, path: str, allow: str) -> LocalResponse:
+    """405 for `method` on `path`, which answers only the methods in `allow` ("GET, HEAD")."""
+    return LocalResponse(
+        405, method_not_allowed_body(method, path, allow), headers={"allow": allow}
+    )
+
+
 LocalHandler = Callable[[LocalRequest], Awaitable[LocalResponse]]
 """Answers every request that is not proxied (an unknown path included: 404 is its call)."""
 
@@ -55,21 +82,24 @@ Spawn = Callable[[Awaitable[None]], "asyncio.Task[None]"]
 
 
 def serve_local(
-    handler: LocalHandler, request: Request, responder: Responder, spawn: Spawn
+    handler: LocalHandler, request: Request, responder: Responder, spawn: Spawn, request_id: bytes
 ) -> None:
-    """Answer `request` with `handler` in a task from `spawn`; the client leaving cancels it."""
-    task = spawn(_answer(handler, request, responder))
+    """Answer `request` with `handler` in a task from `spawn`, with `x-request-id: request_id`;
+    the client leaving cancels it."""
+    task = spawn(_answer(handler, request, responder, b"x-request-id: %s\r\n" % request_id))
     responder.attach(TaskExchange(task))
 
 
-async def _answer(handler: LocalHandler, request: Request, responder: Responder) -> None:
+async def _answer(
+    handler: LocalHandler, request: Request, responder: Responder, request_id: bytes
+) -> None:
     try:
         response = await handler(_decoded(request))
         status, block, body = response.status, _header_block(response), response.body
     except Exception:
         _log.exception("local handler failed on %r", request.path)
         status, block, body = 500, JSON_HEADER, INTERNAL_ERROR_BODY
-    responder.respond(status, block, body)
+    responder.respond(status, block + request_id, body)
 
 
 class TaskExchange:

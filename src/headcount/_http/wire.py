@@ -19,6 +19,8 @@ __all__ = [
     "REASONS",
     "connection_tokens",
     "error_body",
+    "method_not_allowed_body",
+    "not_found_body",
 ]
 
 CRLF = b"\r\n"
@@ -59,3 +61,14 @@ def error_body(message: str, error_type: str, code: str) -> bytes:
 
 INTERNAL_ERROR_BODY = error_body("internal error in the router", "internal_error", "internal_error")
 """For a bug in the router: the client learns nothing of it but that it happened."""
+
+
+def not_found_body(path: str) -> bytes:
+    """The answer to a path nobody serves."""
+    return error_body(f"no route for {path}", "invalid_request_error", "not_found")
+
+
+def method_not_allowed_body(method: str, path: str, allow: str) -> bytes:
+    """The answer to a known path asked with the wrong method (sent with `allow: <allow>`)."""
+    message = f"{method} not allowed on {path}; use {allow}"
+    return error_body(message, "invalid_request_error", "method_not_allowed")

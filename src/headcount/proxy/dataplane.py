@@ -66,13 +66,14 @@ from headcount._http.pool import Dial, PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
 from headcount._http.resources import LocalResources
 from headcount._http.server import HttpServerProtocol, ServerLimits
-from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER
+from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER, method_not_allowed_body
+from headcount.access_log import AccessEntry, AccessLog
 from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
 from headcount.kvroute import KvAware
-from headcount.metrics import UNKNOWN_MODEL, Metrics
+from headcount.metrics import UNKNOWN_MODEL, Metrics, whole
 from headcount.proxy.admission import (
     Admitted,
     AskEngine,
@@ -81,7 +82,7 @@ from headcount.proxy.admission import (
     admit,
     admit_read,
 )
-from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY
+from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY, ErrorAnswer
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
 from headcount.proxy.parsepool import ParsePool
@@ -98,6 +99,7 @@ _OPEN_PREFIXES = (b"/livez/", b"/readyz/")
 _MISSING_KEY = Refused(MISSING_API_KEY, UNKNOWN_MODEL)
 _INVALID_KEY = Refused(INVALID_API_KEY, UNKNOWN_MODEL)
 _UNAUTHORIZED_HEADERS = JSON_HEADER + b"www-authenticate: Bearer\r\n"
+_POST_ONLY_HEADERS = JSON_HEADER + b"allow: POST\r\n"
 
 
 class Proxy:
@@ -163,6 +165,7 @@ class Proxy:
             spawn=self._spawn,
             waiting=self._waiting,
             first_byte_timeout=settings.first_byte_timeout,
+            access=AccessLog(settings.access_log_sample),
         )
         limit = settings.connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._connections = ConnectionRegistry(
@@ -236,7 +239,7 @@ class Proxy:
         """A protocol for one connection of a listener that only `local` answers, with no key."""
 
         def handle(request: Request, responder: Responder) -> None:
-            serve_local(local, request, responder, self._spawn)
+            serve_local(local, request, responder, self._spawn, self._request_id(request))
 
         return HttpServerProtocol(handle, self.limits, self._local_connections, loop)
 
@@ -267,6 +270,10 @@ class Proxy:
     def _new_request_id(self) -> bytes:
         return b"%s%x" % (self._id_prefix, next(self._ids))
 
+    def _request_id(self, request: Request) -> bytes:
+        """The client's `x-request-id`, or a new one."""
+        return find_header(request.headers, b"x-request-id") or self._new_request_id()
+
     # -- requests -----------------------------------------------------------------------------
 
     def handle(self, request: Request, responder: Responder) -> None:
@@ -274,18 +281,20 @@ class Proxy:
         with client keys, only requests bearing one (or for a health endpoint)."""
         keys = self._credentials.client_keys
         path = request.path
-        if request.method == b"POST" and path in _PROXIED:
-            if keys is None or keys.admits(request.headers):
+        if path in _PROXIED:
+            if keys is not None and not keys.admits(request.headers):
+                self._unauthorized(request, responder)
+            elif request.method == b"POST":
                 self._forward(request, responder)
             else:
-                self._unauthorized(request, responder)
+                self._wrong_method(request, responder)
         elif (
             keys is None
             or path in _OPEN_PATHS
             or path.startswith(_OPEN_PREFIXES)
             or keys.admits(request.headers)
         ):
-            serve_local(self._local, request, responder, self._spawn)
+            serve_local(self._local, request, responder, self._spawn, self._request_id(request))
         else:
             self._unauthorized(request, responder)
 
@@ -352,10 +361,25 @@ class Proxy:
             tail = b"x-request-id: %s\r\n%s" % (request_id, tail)
         wire = (line, tail, request.body)
         exchange = Exchange(
-            self._context, responder, loop, decision.features, started, request_id, wire
+            self._context,
+            responder,
+            loop,
+            decision.features,
+            started,
+            request_id,
+            wire,
+            request.path,
         )
         responder.attach(exchange)
         exchange.begin(decision.engine)
+
+    def _wrong_method(self, request: Request, responder: Responder) -> None:
+        method, path = request.method.decode("latin-1"), request.path.decode("latin-1")
+        refused = Refused(
+            ErrorAnswer(405, method_not_allowed_body(method, path, "POST")), UNKNOWN_MODEL
+        )
+        loop = self._loop or asyncio.get_running_loop()
+        self._refuse(request, responder, refused, loop.time(), _POST_ONLY_HEADERS)
 
     def _unauthorized(self, request: Request, responder: Responder) -> None:
         refused = _MISSING_KEY if bearer_token(request.headers) is None else _INVALID_KEY
@@ -371,10 +395,25 @@ class Proxy:
         headers: bytes = JSON_HEADER,
     ) -> None:
         status, body = refused.answer
-        request_id = find_header(request.headers, b"x-request-id") or self._new_request_id()
+        request_id = self._request_id(request)
         responder.respond(status, headers + b"x-request-id: %s\r\n" % request_id, body)
         loop = self._loop or asyncio.get_running_loop()
-        self.metrics.request_done(refused.label, status, loop.time() - started, None)
+        duration, outcome = loop.time() - started, whole(status)
+        self.metrics.request_done(refused.label, status, outcome, duration, None)
+        access = self._context.access
+        if access.wants(status >= 500):
+            entry = AccessEntry(
+                request_id=request_id,
+                method=request.method,
+                path=request.path,
+                model=refused.label,
+                status=status,
+                outcome=outcome,
+                duration=duration,
+                bytes_in=len(request.body),
+                bytes_out=len(body),
+            )
+            access.write(entry)
 
 
 async def start_server(

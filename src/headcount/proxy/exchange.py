@@ -27,6 +27,10 @@ attempt's end by any path); the index hears `routed` at dispatch and
 `prefilled` at a 2xx first byte; the response carries the route receipt
 (`kvroute.request`) of the engine that answered.
 
+Every request ends once, in `_end`: the metrics hear the status the client saw
+and how the answer ended (a stream that breaks after its 200 is `200`, outcome
+`cut`), and the access log (`access_log.py`) decides whether it gets a line.
+
 An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
 (Over 450 lines: one request's single end, every path through `_release`, is
 easier to check in one file than split.)
@@ -54,8 +58,9 @@ from headcount._http.handler import Responder
 from headcount._http.pool import UpstreamPool, Upstreams
 from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
+from headcount.access_log import AccessEntry, AccessLog
 from headcount.fleet import Engine, EngineLoad, Fleet, Snapshot
-from headcount.metrics import Metrics
+from headcount.metrics import CLIENT_CLOSED, CUT, Metrics, whole
 from headcount.outliers import GATEWAY_ERROR, HTTP_5XX
 from headcount.proxy.errors import (
     INTERNAL_ERROR,
@@ -68,14 +73,14 @@ from headcount.proxy.errors import (
 from headcount.proxy.headers import response_headers
 from headcount.routing import Policy, RequestFeatures
 
-__all__ = ["CLIENT_CLOSED", "Exchange", "ExchangeContext"]
+__all__ = ["CLIENT_CLOSED_STATUS", "Exchange", "ExchangeContext"]
 
 _log = logging.getLogger(__name__)
 
 _FAILOVER_STATUSES = frozenset({502, 503})
 _FAILOVER_REASONS = {status: f"http_{status}" for status in _FAILOVER_STATUSES}
-CLIENT_CLOSED = 499
-"""Recorded in metrics when the client leaves first (nginx's convention); never sent."""
+CLIENT_CLOSED_STATUS = 499
+"""Recorded when the client leaves before any status was sent (nginx's convention)."""
 _FAILOVER_ERRORS = (ConnectFailed, NoResponse, FirstByteTimeout, Abandoned, LookupFailed)
 _BLAMELESS = (Abandoned, LookupFailed)
 """Failures that say nothing against the engine: not counted, never eject."""
@@ -98,6 +103,7 @@ class ExchangeContext:
     """Per engine id, the exchanges whose attempt there has no response byte yet: the proxy
     tells them when their engine leaves (`engine_left`). Insertion-ordered dicts as sets."""
     first_byte_timeout: float | None
+    access: AccessLog
 
 
 class Exchange:
@@ -109,6 +115,7 @@ class Exchange:
     """
 
     __slots__ = (
+        "_bytes_out",
         "_conn",
         "_context",
         "_done",
@@ -116,7 +123,9 @@ class Exchange:
         "_failovers",
         "_features",
         "_head_sent",
+        "_last",
         "_loop",
+        "_path",
         "_paused",
         "_prefill",
         "_request_id",
@@ -141,8 +150,10 @@ class Exchange:
         started: float,
         request_id: bytes,
         wire: tuple[bytes, bytes, bytes],
+        path: bytes,
     ) -> None:
-        """`wire`: the request line, headers after `host` (blank line included), the body."""
+        """`wire`: the request line, headers after `host` (blank line included), the body;
+        `path` the request's, for the access log."""
         self._context = context
         self._responder = responder
         self._loop = loop
@@ -150,7 +161,10 @@ class Exchange:
         self._started = started
         self._request_id = request_id
         self._wire = wire
+        self._path = path
         self._engine: Engine | None = None
+        self._last: Engine | None = None
+        self._bytes_out = 0
         self._conn: UpstreamConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self._tried: list[str] = []
@@ -172,7 +186,7 @@ class Exchange:
     # -- attempts -----------------------------------------------------------------------------
 
     def _attempt(self, engine: Engine, fresh: bool) -> None:
-        self._engine = engine
+        self._engine = self._last = engine
         load = engine.load
         load.in_flight += 1
         load.requests += 1
@@ -317,6 +331,7 @@ class Exchange:
             return
         if complete:
             self._conn = None  # already back in its pool: a pause while writing must not reach it
+        self._bytes_out += len(body)
         try:
             if head is None:
                 self._responder.write(body, complete)
@@ -338,7 +353,7 @@ class Exchange:
                 if engine is not None and self._status < 500:
                     engine.load.consecutive_errors = 0  # a whole answer: the engine works
                 self._release(failed=False)
-                self._end(self._status)
+                self._end(self._status, whole(self._status))
         except Exception:
             self._crash()
 
@@ -380,7 +395,7 @@ class Exchange:
             self._release(failed=True)
             self._count_error(engine, GATEWAY_ERROR)
             self._responder.abort()
-            self._end(502)  # the client saw a status already; the metric records the failure
+            self._end(self._status, CUT)
             return
         if isinstance(error, StaleConnection) and not self._stale_retried:
             self._stale_retried = True
@@ -427,7 +442,7 @@ class Exchange:
             self._conn = None
             conn.cancel()
         self._release(failed=False)
-        self._end(CLIENT_CLOSED)
+        self._end(self._status if self._head_sent else CLIENT_CLOSED_STATUS, CLIENT_CLOSED)
 
     def client_paused(self) -> None:
         self._paused = True
@@ -445,7 +460,8 @@ class Exchange:
         self._responder.respond(
             answer.status, JSON_HEADER + b"x-request-id: %s\r\n" % self._request_id, answer.body
         )
-        self._end(answer.status)
+        self._bytes_out = len(answer.body)
+        self._end(answer.status, whole(answer.status))
 
     def _crash(self) -> None:
         _log.exception("proxying a request for model %r failed", self._features.model)
@@ -458,11 +474,34 @@ class Exchange:
         self._release(failed=False)
         if self._head_sent:
             self._responder.abort()
-            self._end(500)
+            self._end(self._status, CUT)
         else:
             self._fail(INTERNAL_ERROR)
 
-    def _end(self, status: int) -> None:
+    def _end(self, status: int, outcome: str) -> None:
+        """The request's single end: `status` the client saw, `outcome` how it ended."""
         self._done = True
         duration = self._loop.time() - self._started
-        self._context.metrics.request_done(self._features.model, status, duration, self._ttfb)
+        context, model = self._context, self._features.model
+        context.metrics.request_done(model, status, outcome, duration, self._ttfb)
+        if context.access.wants(status >= 500 or outcome == CUT or self._failovers > 0):
+            context.access.write(self._entry(status, outcome, duration))
+
+    def _entry(self, status: int, outcome: str, duration: float) -> AccessEntry:
+        engine, kv = self._last, self._features.kv
+        return AccessEntry(
+            request_id=self._request_id,
+            method=b"POST",
+            path=self._path,
+            model=self._features.model,
+            engine=None if engine is None else engine.spec.name,
+            status=status,
+            outcome=outcome,
+            ttfb=self._ttfb,
+            duration=duration,
+            bytes_in=len(self._wire[2]),
+            bytes_out=self._bytes_out,
+            failovers=self._failovers,
+            cut=outcome == CUT,
+            cached_tokens=None if kv is None or engine is None else kv.predicted.get(engine.id, 0),
+        )

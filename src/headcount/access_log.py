@@ -1,0 +1,144 @@
+"""The access log: one line per proxied request, sampled so a busy router can afford it.
+
+Logger `headcount.access`, at INFO. Every request that went wrong (a 5xx, a
+stream cut, a failover) gets a line; of the others, one in `round(1 / sample)`
+does (`--access-log-sample`; 0 turns the log off, 1 logs every request). The
+sampling is decided first, by a countdown (no clock, no random draw), and only
+a request that is logged builds its `AccessEntry`; the text is formatted when a
+handler writes it. The fields also travel as the record's `extra`, so a JSON
+formatter emits them as keys:
+
+    request_id method path model engine status outcome ttfb_ms duration_ms
+    bytes_in bytes_out failovers cut cached_tokens
+
+`engine` is the name of the engine that answered (or was tried last; `-` for a
+request no engine saw), `bytes_out` the response body bytes the client was
+sent, `cached_tokens` the route receipt's predicted cached prompt tokens
+(`kv-aware` only, else `-`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+__all__ = ["AccessEntry", "AccessLog"]
+
+_LOGGER = logging.getLogger("headcount.access")
+
+
+class AccessEntry:
+    """One request's line, formatted only when a handler writes it."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "cached_tokens",
+        "cut",
+        "duration",
+        "engine",
+        "failovers",
+        "method",
+        "model",
+        "outcome",
+        "path",
+        "request_id",
+        "status",
+        "ttfb",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: bytes,
+        method: bytes,
+        path: bytes,
+        model: str,
+        status: int,
+        outcome: str,
+        duration: float,
+        bytes_in: int,
+        bytes_out: int,
+        engine: str | None = None,
+        ttfb: float | None = None,
+        failovers: int = 0,
+        cut: bool = False,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """The defaults are a request no engine saw."""
+        self.request_id = request_id
+        self.method = method
+        self.path = path
+        self.model = model
+        self.engine = engine
+        self.status = status
+        self.outcome = outcome
+        self.ttfb = ttfb
+        self.duration = duration
+        self.bytes_in = bytes_in
+        self.bytes_out = bytes_out
+        self.failovers = failovers
+        self.cut = cut
+        self.cached_tokens = cached_tokens
+
+    def fields(self) -> dict[str, Any]:
+        """The entry as plain values (the record's `extra`): times in milliseconds."""
+        return {
+            "request_id": self.request_id.decode("latin-1"),
+            "method": self.method.decode("latin-1"),
+            "path": self.path.decode("latin-1"),
+            "model": self.model,
+            "engine": self.engine,
+            "status": self.status,
+            "outcome": self.outcome,
+            "ttfb_ms": None if self.ttfb is None else round(self.ttfb * 1000, 1),
+            "duration_ms": round(self.duration * 1000, 1),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "failovers": self.failovers,
+            "cut": self.cut,
+            "cached_tokens": self.cached_tokens,
+        }
+
+    def __str__(self) -> str:
+        return " ".join(
+            f"{name}={'-' if value is None else _quoted(value)}"
+            for name, value in self.fields().items()
+        )
+
+
+def _quoted(value: object) -> str:
+    """logfmt: bare when safe, else a JSON string (client-chosen text cannot forge a field)."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if not text or not text.isprintable() or any(c in ' "=\\' for c in text):
+        return json.dumps(text)
+    return text
+
+
+class AccessLog:
+    """Which requests get a line, and writing it; see the module docstring."""
+
+    __slots__ = ("_countdown", "_every", "_logger")
+
+    def __init__(self, sample: float, logger: logging.Logger = _LOGGER) -> None:
+        """`sample` within 0-1: the share of requests that went well given a line."""
+        self._every = 0 if sample <= 0 else max(1, round(1 / sample))
+        self._countdown = self._every
+        self._logger = logger
+
+    def wants(self, failed: bool) -> bool:
+        """Whether this request gets a line: always when `failed` (and the log is on),
+        else one in N. Called once per request, before anything is built."""
+        if not self._every:
+            return False
+        if not failed:
+            self._countdown -= 1
+            if self._countdown:
+                return False
+            self._countdown = self._every
+        return self._logger.isEnabledFor(logging.INFO)
+
+    def write(self, entry: AccessEntry) -> None:
+        """Log `entry` (after `wants` said yes)."""
+        self._logger.info("%s", entry, extra=entry.fields())
