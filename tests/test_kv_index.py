@@ -241,3 +241,33 @@ def _impossible(event: BlockStored, model: PrefixModel) -> bool:
         if held is not None and held != (event.lora_name, tokens):
             return True
     return len(set(event.block_hashes)) != len(event.block_hashes)
+
+
+def test_hints_kept_after_lost_batches_count_until_dropped() -> None:
+    index = EngineIndex()
+    index.apply(stored([1, 2, 3], None, list(range(12))))
+    keys = block_keys(list(range(12)), BLOCK, None)
+    index.keep_as_hints()
+    assert (len(index), index.copies, index.hints, index.match(keys)) == (0, 0, 3, 3)
+    index.drop_hints()
+    assert index.match(keys) == 0
+
+
+def test_a_block_stored_after_a_hint_makes_the_hint_and_its_ancestors_held_again() -> None:
+    index = EngineIndex()
+    index.apply(stored([1, 2, 3], None, list(range(12))))
+    index.keep_as_hints()
+    assert index.apply(stored([4], 3, [12, 13, 14, 15]))
+    index.drop_hints()
+    assert index.match(block_keys(list(range(16)), BLOCK, None)) == 4
+    assert (len(index), index.copies, index.unknown_parents) == (4, 4, 0)
+
+
+def test_a_removed_hint_is_gone_and_a_clear_forgets_hints_too() -> None:
+    index = EngineIndex()
+    index.apply(stored([1, 2], None, list(range(8))))
+    index.keep_as_hints()
+    index.apply(BlockRemoved([2]))
+    assert (index.match(block_keys(list(range(8)), BLOCK, None)), index.unknown_removals) == (1, 0)
+    index.apply(AllBlocksCleared())
+    assert (index.hints, index.match(block_keys(list(range(8)), BLOCK, None))) == (0, 0)

@@ -219,16 +219,16 @@ async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
     sink.replayed(False)
     assert _trust(indexes) is IndexTrust.REBUILDING  # not synced for a moment in between
     sink.clear(ClearReason.GAP)
-    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 0)
     view = indexes.view("a")
-    assert view is not None
+    assert view is not None and view.blocks == 0
     assert view.reason == "rebuilding for 0s: cleared, the replay could not fill the gap 1..4"
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)  # hints
     clock.now += 29
     indexes.tick()
-    assert _trust(indexes) is IndexTrust.REBUILDING
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)
     clock.now += 1
     indexes.tick()
-    assert _trust(indexes) is IndexTrust.SYNCED
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
     view = indexes.view("a")
     assert view is not None
     assert (view.gaps, view.replays_failed, view.clears[ClearReason.GAP]) == (1, 1, 1)

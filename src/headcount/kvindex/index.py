@@ -27,6 +27,13 @@ block the engine does not hold.
   whichever form names it.
 - `copies` counts physical blocks; more than `capacity` (the engine's
   `num_gpu_blocks`) means removals were missed: `overflowing`.
+- After batches were lost (a gap the replay could not fill) the index is
+  emptied, but what it held is kept as hints (`keep_as_hints`) until its
+  owner drops them: the engine still holds most of it, and a prefix hit emits
+  no event, so a warm prompt would otherwise stay unknown until evicted and
+  stored again. `match` counts hints; a block the engine stores after a hint
+  proves the hint's chain is still there (vLLM reaches a block only through
+  every block before it) and makes it held again; a removal drops a hint.
 """
 
 from __future__ import annotations
@@ -53,8 +60,11 @@ class EngineIndex:
 
     __slots__ = (
         "_copies",
+        "_hint_holders",
+        "_hints",
         "_holders",
         "_key_of",
+        "_parent_of",
         "block_size",
         "capacity",
         "copies",
@@ -67,6 +77,10 @@ class EngineIndex:
         self._copies: dict[_EngineHash, int] = {}
         self._holders: dict[BlockKey, int] = {}
         """Per key, how many distinct engine hashes stand for it."""
+        self._parent_of: dict[_EngineHash, _EngineHash | None] = {}
+        self._hints: dict[_EngineHash, tuple[BlockKey, _EngineHash | None]] = {}
+        """What the index held before `keep_as_hints`: key and parent per engine hash."""
+        self._hint_holders: dict[BlockKey, int] = {}
         self.capacity = capacity
         self.copies = 0
         self.block_size: int | None = None
@@ -76,6 +90,11 @@ class EngineIndex:
     def __len__(self) -> int:
         """Distinct blocks held."""
         return len(self._holders)
+
+    @property
+    def hints(self) -> int:
+        """Blocks held only as unconfirmed hints."""
+        return len(self._hints)
 
     @property
     def overflowing(self) -> bool:
@@ -94,27 +113,78 @@ class EngineIndex:
 
     def match(self, keys: Sequence[BlockKey]) -> int:
         """How many of `keys`, from the first, the engine holds."""
-        holders = self._holders
+        holders, hints = self._holders, self._hint_holders
         count = 0
         for key in keys:
-            if key not in holders:
+            if key not in holders and key not in hints:
                 break
             count += 1
         return count
 
     def clear(self) -> None:
+        """Forget everything: the engine's cache is empty."""
+        self._forget_held()
+        self.drop_hints()
+
+    def keep_as_hints(self) -> None:
+        """Empty the index but keep what it held as hints until `drop_hints`: a block the
+        engine stores after a hint proves the engine still holds the hint and its ancestors
+        (a request reached it through them), which become held again; a removal drops one."""
+        for block_hash, key in self._key_of.items():
+            self._add_hint(block_hash, key, self._parent_of.get(block_hash))
+        self._forget_held()
+
+    def drop_hints(self) -> None:
+        self._hints.clear()
+        self._hint_holders.clear()
+
+    def _forget_held(self) -> None:
         self._key_of.clear()
+        self._parent_of.clear()
         self._copies.clear()
         self._holders.clear()
         self.copies = 0
 
+    def _add_hint(self, block_hash: _EngineHash, key: BlockKey, parent: _EngineHash | None) -> None:
+        if block_hash not in self._hints:
+            self._hints[block_hash] = (key, parent)
+            self._hint_holders[key] = self._hint_holders.get(key, 0) + 1
+
+    def _pop_hint(self, block_hash: _EngineHash) -> tuple[BlockKey, _EngineHash | None] | None:
+        hint = self._hints.pop(block_hash, None)
+        if hint is not None:
+            holders = self._hint_holders[hint[0]]
+            if holders > 1:
+                self._hint_holders[hint[0]] = holders - 1
+            else:
+                del self._hint_holders[hint[0]]
+        return hint
+
+    def _confirm(self, block_hash: _EngineHash) -> BlockKey | None:
+        """The key of hinted `block_hash`, held again with the hinted ancestors above it."""
+        confirmed: list[tuple[_EngineHash, BlockKey, _EngineHash | None]] = []
+        walk: _EngineHash | None = block_hash
+        while walk is not None and walk not in self._key_of:
+            hint = self._pop_hint(walk)
+            if hint is None:
+                break
+            confirmed.append((walk, *hint))
+            walk = hint[1]
+        for each, key, parent in reversed(confirmed):
+            self._add(each, key, parent)
+        return self._key_of.get(block_hash)
+
     def _store(self, event: BlockStored) -> bool:
         size = event.block_size
         self.block_size = size
+        parent_hash = None
         if event.parent_block_hash is None:
             parent = ROOT
         else:
-            known = self._key_of.get(_normal(event.parent_block_hash))
+            parent_hash = _normal(event.parent_block_hash)
+            known = self._key_of.get(parent_hash)
+            if known is None and parent_hash in self._hints:
+                known = self._confirm(parent_hash)
             if known is None:
                 self.unknown_parents += 1
                 return False
@@ -126,28 +196,34 @@ class EngineIndex:
                 tuple(tokens[position * size : (position + 1) * size]),
                 _adapter(event, position),
             )
-            self._add(_normal(block_hash), parent)
+            normal = _normal(block_hash)
+            self._pop_hint(normal)
+            self._add(normal, parent, parent_hash)
+            parent_hash = normal
         return True
 
-    def _add(self, block_hash: _EngineHash, key: BlockKey) -> None:
+    def _add(self, block_hash: _EngineHash, key: BlockKey, parent: _EngineHash | None) -> None:
         self.copies += 1
         copies = self._copies.get(block_hash, 0)
         self._copies[block_hash] = copies + 1
         if copies:
             return
         self._key_of[block_hash] = key
+        self._parent_of[block_hash] = parent
         self._holders[key] = self._holders.get(key, 0) + 1
 
     def _remove(self, block_hash: _EngineHash) -> None:
         copies = self._copies.get(block_hash)
         if copies is None:
-            self.unknown_removals += 1
+            if self._pop_hint(block_hash) is None:
+                self.unknown_removals += 1
             return
         self.copies -= 1
         if copies > 1:
             self._copies[block_hash] = copies - 1
             return
         del self._copies[block_hash]
+        del self._parent_of[block_hash]
         key = self._key_of.pop(block_hash)
         holders = self._holders[key]
         if holders > 1:

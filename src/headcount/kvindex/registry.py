@@ -128,7 +128,10 @@ class _Tracked(StreamSink):
         self.refresh()
 
     def clear(self, reason: ClearReason) -> None:
-        self.index.clear()
+        if reason is ClearReason.GAP:
+            self.index.keep_as_hints()
+        else:
+            self.index.clear()
         self._cleared(reason, self._owner.now())
         self.refresh()
 
@@ -358,6 +361,9 @@ class KvIndexes:
                 if tracked.index.overflowing:
                     tracked.clear(ClearReason.OVERFLOW)
                 self._check_hits(tracked, load.prefix_cache_hits, now)
+            since = tracked.facts.rebuilding_since
+            if tracked.index.hints and (since is None or now - since >= self.rebuild_window):
+                tracked.index.drop_hints()
             tracked.refresh()
 
     @staticmethod
