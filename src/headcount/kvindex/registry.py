@@ -8,8 +8,10 @@ own traffic record. An engine that appears gets a subscriber at once; one
 whose address or ports change gets a new subscriber and an empty index; one
 that leaves takes every piece of its state with it. A tick every second
 re-reads the fleet (so an annotation change is seen even when nothing else
-changed), applies each engine's advertised capacity and checks the engine's
-own prefix-cache hit counter against what the index predicted:
+changed), applies each engine's advertised capacity, drops the hints a gap
+the replay could not fill left (`EngineIndex.keep_as_hints`) once the rebuild
+window is over, and checks the engine's own prefix-cache hit counter against
+what the index predicted:
 
 - Over a window of at least `check_window` seconds and `min_requests`
   requests the engine answered (so it counted their hits), its hits must
