@@ -21,7 +21,7 @@ import pytest
 
 from headcount._http.errors import LocalResourceExhausted, LookupFailed
 from headcount._http.local import LocalRequest, LocalResponse
-from headcount._http.resolve import Resolver
+from headcount._http.resolve import Resolver, pinned_first
 from headcount.config import OutlierSettings, ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.metrics import Metrics
@@ -86,6 +86,16 @@ async def test_a_literal_address_is_never_looked_up() -> None:
     assert await Resolver(0.5, table).resolve("127.0.0.9", 80) == ("127.0.0.9",)
     assert await Resolver(0.5, table).resolve("::1", 80) == ("::1",)
     assert table.lookups == {}
+
+
+async def test_pinned_names_are_answered_without_a_lookup_and_others_are_looked_up() -> None:
+    table = Table(svc_test=[OLD])
+    resolver = Resolver(0.5, pinned_first({"vllm.llm": "127.0.0.21"}, table))
+    assert await resolver.resolve("vllm.llm", 80) == ("127.0.0.21",)
+    assert await resolver.resolve("VLLM.llm.", 80) == ("127.0.0.21",)
+    assert await resolver.resolve("svc.test", 80) == [OLD]
+    assert table.lookups == {"svc.test": 1}
+    assert pinned_first({}, table) is table
 
 
 async def test_every_call_looks_the_name_up_again() -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headcount._http.acceptor import ClientListener
-from headcount._http.resolve import Resolver
+from headcount._http.resolve import Resolver, pinned_first
 from headcount._http.resources import raise_open_file_limit
 from headcount.admin import AdminApp
 from headcount.auth import Authentication
@@ -93,7 +93,8 @@ class Router:
         self.metrics = Metrics(lambda: fleet.snapshot, statuses, kv_views=kv_views)
         self.auth = Authentication(settings.auth)
         credentials = self.auth.credentials
-        resolver = Resolver(settings.dns.timeout)  # one lookup policy for probes and proxy
+        # one lookup policy for probes and proxy
+        resolver = Resolver(settings.dns.timeout, pinned_first(settings.dns.pinned))
         self.prober = Prober(
             self.fleet,
             settings.probe,

@@ -11,6 +11,8 @@ same rules as the command line. The flags that fill it are in `serve_flags.py`.
 from __future__ import annotations
 
 import enum
+import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -292,9 +294,19 @@ class DnsSettings:
     """Cluster DNS answers in milliseconds; a lookup slower than this is a DNS failure (fail
     over, never eject), not an engine's silence. It must stay under --probe-timeout so that a
     probe stuck on DNS is reported as such, hence well under a second."""
+    pinned: Mapping[str, str] = field(default_factory=dict)
+    """Host names answered with a fixed address (`--resolve NAME=ADDRESS`), never looked up:
+    Service names of a cluster tried locally (sim-apiserver), whose DNS this machine lacks."""
 
     def __post_init__(self) -> None:
         _require_positive(("--dns-timeout", self.timeout))
+        for name, address in self.pinned.items():
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                raise ConfigError(
+                    f"--resolve {name}={address}: {address!r} is not an IP address"
+                ) from None
 
 
 @dataclass(frozen=True)

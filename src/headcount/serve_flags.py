@@ -223,6 +223,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     proxy.add_argument(
+        "--resolve",
+        type=_pinned_names,
+        default=(),
+        metavar="NAME=ADDRESS[,...]",
+        help="answer these engine host names with these addresses, never looking them up, "
+        "e.g. a Service name of a cluster tried locally (default: none)",
+    )
+    proxy.add_argument(
         "--access-log-sample",
         type=float,
         default=proxy_d.access_log_sample,
@@ -404,6 +412,16 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _pinned_names(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, address = item.partition("=")
+        if not sep or not name or not address:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected NAME=ADDRESS")
+        pairs.append((name, address))
+    return tuple(pairs)
+
+
 def settings_from_args(ns: argparse.Namespace) -> Settings:
     """Map the parsed flags to `Settings`, which validate themselves (`ConfigError`)."""
     return Settings(
@@ -470,7 +488,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             max_ejection=ns.outlier_max_ejection,
             max_ejected_percent=ns.outlier_max_ejected_percent,
         ),
-        dns=DnsSettings(timeout=ns.dns_timeout),
+        dns=DnsSettings(timeout=ns.dns_timeout, pinned=dict(ns.resolve)),
         kv_events=KvEventsSettings(
             port=ns.kv_events_port,
             replay_port=ns.kv_events_replay_port,

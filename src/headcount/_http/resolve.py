@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from headcount._http.errors import LocalResourceExhausted, LookupFailed, local_resource
 
-__all__ = ["Lookup", "Resolver", "literal_address", "system_lookup"]
+__all__ = ["Lookup", "Resolver", "literal_address", "pinned_first", "system_lookup"]
 
 Lookup = Callable[[str, int], Awaitable[Sequence[str]]]
 """(host, port) -> IP addresses, best first; raises OSError (`socket.gaierror`) when it fails.
@@ -34,6 +34,20 @@ async def system_lookup(host: str, port: int) -> Sequence[str]:
     """The system resolver through the event loop (a worker thread, never the loop itself)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def pinned_first(pinned: Mapping[str, str], lookup: Lookup = system_lookup) -> Lookup:
+    """`lookup`, except for the host names in `pinned`, answered with their address at once
+    (`--resolve NAME=ADDRESS`)."""
+    if not pinned:
+        return lookup
+    table = {name.lower().rstrip("."): address for name, address in pinned.items()}
+
+    async def pinned_or_looked_up(host: str, port: int) -> Sequence[str]:
+        address = table.get(host.lower().rstrip("."))
+        return (address,) if address is not None else await lookup(host, port)
+
+    return pinned_or_looked_up
 
 
 def literal_address(host: str) -> str | None:

@@ -57,6 +57,8 @@ class RouterFlags:
     grpc_health_port: int | None = None
     ready_requires_fresh: bool = False
     tokenizer: str | None = None
+    resolve: tuple[str, ...] = ()
+    """`NAME=ADDRESS` pairs: engine host names answered without a lookup."""
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
     timings: Timings = field(default_factory=Timings)
