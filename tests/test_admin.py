@@ -369,6 +369,14 @@ async def test_an_unknown_path_is_not_found(admin: Admin) -> None:
     assert body["error"]["code"] == "not_found"
 
 
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+async def test_an_unknown_path_is_not_found_whatever_the_method(admin: Admin, method: str) -> None:
+    response = await admin.get("/unknown", method=method)
+    assert response.status == 404
+    assert json.loads(response.body)["error"]["code"] == "not_found"
+    assert (await admin.get("/readyz/synced", method=method)).status == 405
+
+
 # ------------------------------------------------------------------ kv-aware: cache indexes
 
 KV_INDEX_KEYS = {"state", "reason", "blocks", "capacity", "last_event_age_s"}

@@ -82,6 +82,8 @@ class AdminApp:
 
     async def handle(self, request: LocalRequest) -> LocalResponse:
         method, path, query = request.method, request.path, request.query
+        if not _is_admin_path(path):
+            return not_found(path)
         if method not in ("GET", "HEAD"):
             return method_not_allowed(method, path, "GET, HEAD")
         if path == "/v1/models":
@@ -131,6 +133,14 @@ class AdminApp:
             card.setdefault("created", self._created)
             card.setdefault("owned_by", "headcount")
         return LocalResponse.json(200, {"object": "list", "data": cards})
+
+
+_PATHS = frozenset({"/v1/models", "/engines", "/metrics", "/health", "/livez", "/readyz"})
+
+
+def _is_admin_path(path: str) -> bool:
+    """Whether `path` is one of the endpoints above (or a `/livez/`, `/readyz/` sub-check)."""
+    return path in _PATHS or path.startswith(("/livez/", "/readyz/"))
 
 
 def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> LocalResponse:
