@@ -1,7 +1,7 @@
 """Who may use the router and what it shows engines: client API keys and the engine key.
 
-Both are optional (`AuthSettings`). `keys` holds keys as digests and checks them
-in constant time; `keyfile` reloads a key file without a restart;
+Both are optional (`AuthSettings`). `keys` holds keys as digests and checks a
+key by its digest; `keyfile` reloads a key file without a restart;
 `credentials` keeps the keys in force where the proxy and the prober read them.
 """
 
