@@ -625,25 +625,50 @@ def chunked(body: bytes, size: int) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
 
 
-async def test_a_body_sent_two_bytes_at_a_time_is_not_held_as_one_object_per_chunk() -> None:
+async def test_a_body_sent_in_small_chunks_is_not_held_as_one_object_per_chunk() -> None:
     # 31 MiB sent as 2-byte chunks once grew the router to 925 MiB: ~56 bytes of objects per
-    # 2 bytes of body. What a half-received body holds must stay close to its size.
+    # 2 bytes of body. What a half-received body holds must stay close to its size, at the
+    # smallest mean chunk size the server takes (64 bytes).
     limits = dataclasses.replace(LIMITS, max_body_size=1 << 20)
     loop = asyncio.get_running_loop()
+    transport = RecordingTransport()
     protocol = HttpServerProtocol(EchoApp(), limits, ConnectionRegistry(), loop)
-    protocol.connection_made(RecordingTransport())
+    protocol.connection_made(transport)
     protocol.data_received(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
-    size = 200_000
+    size, chunk = 512_000, b"40\r\n" + b"a" * 64 + b"\r\n"
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for _ in range(size // 2):
-            protocol.data_received(b"2\r\nab\r\n")
+        for _ in range(size // 64):
+            protocol.data_received(chunk)
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
     assert held < 2 * size, f"{held} bytes held for a {size}-byte body"
+    assert not transport.closed
     protocol.connection_lost(None)
+
+
+async def test_a_body_past_64_kib_in_tiny_chunks_gets_400_and_the_connection_closes() -> None:
+    running = await start(dataclasses.replace(LIMITS, max_body_size=1 << 20))
+    try:
+        reader, writer = await running.connect()
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"2\r\nab\r\n" * 40_000)  # 80,000 bytes of body in 2-byte chunks
+        response = await read_response(reader)
+        assert response.status == 400
+        assert response.json()["error"]["code"] == "chunks_too_small"
+        assert await closed_by_server(reader)
+        writer.close()
+        reader, writer = await running.connect()
+        chunks = (b"400\r\n" + b"k" * 1024 + b"\r\n") * 100  # 100 KiB in 1 KiB chunks
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(chunks + b"0\r\n\r\n")
+        response = await read_response(reader)
+        assert (response.status, len(response.json()["body"])) == (200, 100 * 1024)
+        writer.close()
+    finally:
+        running.server.close()
 
 
 async def test_an_upload_dropped_midway_is_freed_at_once_without_the_cyclic_gc() -> None:
@@ -783,7 +808,7 @@ async def test_a_large_read_is_parsed_a_slice_per_loop_iteration() -> None:
     protocol = HttpServerProtocol(app, limits, ConnectionRegistry(), asyncio.get_running_loop())
     transport = RecordingTransport()
     protocol.connection_made(transport)
-    frames = b"2\r\nab\r\n" * 100_000  # 200,000 body bytes in 700,000 bytes of framing
+    frames = b"2\r\nab\r\n" * 30_000  # 60,000 body bytes (under 64 KiB) in 210,000 of framing
     protocol.data_received(
         b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
         + frames
@@ -792,7 +817,7 @@ async def test_a_large_read_is_parsed_a_slice_per_loop_iteration() -> None:
     assert 0 < protocol._body_size < 30_000  # one slice of 64 KiB parsed, the rest later
     await wait_for(lambda: app.dispatched == 1)
     assert split_responses(bytes(transport.written))[0][0] == 200
-    assert json.loads(split_responses(bytes(transport.written))[0][1])["body"] == "ab" * 100_000
+    assert json.loads(split_responses(bytes(transport.written))[0][1])["body"] == "ab" * 30_000
     protocol.connection_lost(None)
 
 

@@ -50,6 +50,11 @@ HEADERS_TOO_LARGE = _answer(
     431, "request header fields too large", "request_header_fields_too_large"
 )
 BODY_TOO_LARGE = _answer(413, "request body too large", "request_too_large")
+CHUNKS_TOO_SMALL = _answer(
+    400,
+    "request body over 64 KiB sent in chunks too small (a mean under 64 bytes)",
+    "chunks_too_small",
+)
 EXPECTATION_FAILED = _answer(417, "only `Expect: 100-continue` is supported", "expectation_failed")
 REQUEST_TIMEOUT = _answer(408, "the request did not arrive in time", "request_timeout")
 OVERLOADED = _answer(

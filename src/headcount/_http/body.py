@@ -20,16 +20,19 @@ JOIN_OFF_LOOP = 1024 * 1024
 class BodyPieces:
     """The pieces of one body so far; `take` hands them over and starts afresh."""
 
-    __slots__ = ("_parts", "_small")
+    __slots__ = ("_parts", "_small", "count")
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []
         self._small = bytearray()
+        self.count = 0
+        """Pieces added since the last `take` or `clear`."""
 
     def __bool__(self) -> bool:
         return bool(self._parts or self._small)
 
     def add(self, piece: bytes) -> None:
+        self.count += 1
         small = self._small
         if len(piece) >= _PIECE:
             if small:
@@ -49,8 +52,10 @@ class BodyPieces:
             parts.append(bytes(self._small))
             self._small.clear()
         self._parts = []
+        self.count = 0
         return parts
 
     def clear(self) -> None:
         self._parts = []
         self._small = bytearray()
+        self.count = 0

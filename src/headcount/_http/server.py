@@ -110,6 +110,11 @@ _FEED_MAX = 64 * 1024
 """Parsed per loop iteration at most: a larger read waits its turn in slices."""
 _RESERVE_STEP = 64 * 1024
 """A chunked body takes from the body budget this much at a time (what it may hold unused)."""
+_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 64 * 1024, 64
+"""A body past 64 KiB whose pieces average under 64 bytes is refused (400): each piece costs a
+parser callback, so 2-byte chunks make a 31 MiB upload 16 million calls, and a few such
+clients stall every other. A client streams a body in pieces of kilobytes; a small body may
+come in pieces of any size."""
 _HEAD, _BODY = 1, 2
 """Which deadline a partly received request is under (`_armed`)."""
 
@@ -455,6 +460,8 @@ class HttpServerProtocol(asyncio.Protocol):
             pieces.add(self._body)
             self._body = b""
         pieces.add(body)
+        if total > _TINY_PIECES_FROM and total < pieces.count * _TINY_PIECE_MEAN:
+            self._fail(answers.CHUNKS_TOO_SMALL)
 
     def _reserve(self, total: int) -> None:
         """A chunked body outgrew what it holds of the budget: take more, in steps, so
