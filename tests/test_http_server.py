@@ -571,6 +571,7 @@ async def feed_pieces(pieces: Sequence[bytes], limits: ServerLimits = LIMITS) ->
     protocol.connection_made(transport)
     for piece in pieces:
         protocol.data_received(piece)
+        await wait_for(lambda: protocol._backlog is None)  # a large read is parsed in slices
     protocol.connection_lost(None)
     return bytes(transport.written)
 
@@ -649,12 +650,12 @@ async def test_a_body_sent_in_small_chunks_is_not_held_as_one_object_per_chunk()
     protocol.connection_lost(None)
 
 
-async def test_a_body_past_64_kib_in_tiny_chunks_gets_400_and_the_connection_closes() -> None:
+async def test_a_body_past_16_kib_in_tiny_chunks_gets_400_and_the_connection_closes() -> None:
     running = await start(dataclasses.replace(LIMITS, max_body_size=1 << 20))
     try:
         reader, writer = await running.connect()
         writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
-        writer.write(b"2\r\nab\r\n" * 40_000)  # 80,000 bytes of body in 2-byte chunks
+        writer.write(b"2\r\nab\r\n" * 10_000)  # 20,000 bytes of body in 2-byte chunks
         response = await read_response(reader)
         assert response.status == 400
         assert response.json()["error"]["code"] == "chunks_too_small"
@@ -808,16 +809,16 @@ async def test_a_large_read_is_parsed_a_slice_per_loop_iteration() -> None:
     protocol = HttpServerProtocol(app, limits, ConnectionRegistry(), asyncio.get_running_loop())
     transport = RecordingTransport()
     protocol.connection_made(transport)
-    frames = b"2\r\nab\r\n" * 30_000  # 60,000 body bytes (under 64 KiB) in 210,000 of framing
+    frames = b"2\r\nab\r\n" * 8_000  # 16,000 body bytes (under 16 KiB) in 56,000 of framing
     protocol.data_received(
         b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
         + frames
         + b"0\r\n\r\n"
     )
-    assert 0 < protocol._body_size < 30_000  # one slice of 64 KiB parsed, the rest later
+    assert 0 < protocol._body_size < 8_000  # one slice of 16 KiB parsed, the rest later
     await wait_for(lambda: app.dispatched == 1)
     assert split_responses(bytes(transport.written))[0][0] == 200
-    assert json.loads(split_responses(bytes(transport.written))[0][1])["body"] == "ab" * 30_000
+    assert json.loads(split_responses(bytes(transport.written))[0][1])["body"] == "ab" * 8_000
     protocol.connection_lost(None)
 
 

@@ -52,7 +52,7 @@ HEADERS_TOO_LARGE = _answer(
 BODY_TOO_LARGE = _answer(413, "request body too large", "request_too_large")
 CHUNKS_TOO_SMALL = _answer(
     400,
-    "request body over 64 KiB sent in chunks too small (a mean under 64 bytes)",
+    "request body over 16 KiB sent in chunks too small (a mean under 64 bytes)",
     "chunks_too_small",
 )
 EXPECTATION_FAILED = _answer(417, "only `Expect: 100-continue` is supported", "expectation_failed")

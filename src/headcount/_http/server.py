@@ -41,9 +41,11 @@ connection that ends releases everything at once: its budget, its buffers, and
 the protocol <-> parser reference cycle, so a dropped upload is freed without
 waiting for the cyclic garbage collector.
 
-The loop: a read over 64 KiB is parsed a slice per loop iteration (reading
+The loop: a read over 16 KiB is parsed a slice per loop iteration (reading
 paused meanwhile), so no read costs more than one slice's parsing, and a body
-from 1 MiB is joined into one `bytes` in a thread (`body.py`).
+from 1 MiB is joined into one `bytes` in a thread (`body.py`). A chunked body
+past 16 KiB in chunks of a few bytes is refused (`_TINY_PIECES_FROM`), so one
+client costs at most a few slices of that worst-case parsing.
 
 Flow control: when the client's socket buffer fills (`pause_writing`) the
 exchange's `ExchangeListener` is told, so it can stop reading upstream, and no
@@ -106,12 +108,12 @@ _CHUNKED = b"transfer-encoding: chunked\r\n"
 _NO_BODY_STATUSES = frozenset({204, 304})
 _LINGER_TIMEOUT = 2.0
 """After an error answer and our FIN, how long the client may keep sending before we close."""
-_FEED_MAX = 64 * 1024
+_FEED_MAX = 16 * 1024
 """Parsed per loop iteration at most: a larger read waits its turn in slices."""
 _RESERVE_STEP = 64 * 1024
 """A chunked body takes from the body budget this much at a time (what it may hold unused)."""
-_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 64 * 1024, 64
-"""A body past 64 KiB whose pieces average under 64 bytes is refused (400): each piece costs a
+_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 16 * 1024, 64
+"""A body past 16 KiB whose pieces average under 64 bytes is refused (400): each piece costs a
 parser callback, so 2-byte chunks make a 31 MiB upload 16 million calls, and a few such
 clients stall every other. A client streams a body in pieces of kilobytes; a small body may
 come in pieces of any size."""
