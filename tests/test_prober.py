@@ -132,6 +132,35 @@ async def test_a_hung_engine_costs_one_timeout_and_others_are_not_held_up() -> N
         )
 
 
+@pytest.mark.parametrize("blocked", [True, False])
+async def test_a_timeout_that_fires_late_because_the_loop_was_blocked_blames_no_engine(
+    blocked: bool,
+) -> None:
+    settings = ProbeSettings(interval=30, timeout=1.0, unhealthy_after=1)
+    async with Unanswering() as hung:
+        fleet = Fleet(unhealthy_after=1)
+        task = await probing(fleet, settings)
+        try:
+            fleet.reconcile("static", static_specs([hung.url]))
+            await wait_until(lambda: hung.connections > 0, what="the probe in flight")
+            if blocked:  # the fault: the router's own loop stalls, on purpose
+                time.sleep(2.5 * settings.timeout)  # noqa: ASYNC251
+            await wait_until(
+                lambda: fleet.snapshot.by_id[hung.url].last_error is not None,
+                what="the probe judged",
+            )
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        engine = fleet.snapshot.by_id[hung.url]
+        if blocked:
+            assert engine.state is EngineState.PENDING, engine.last_error
+            assert "the router's own loop was blocked" in (engine.last_error or "")
+        else:
+            assert engine.state is EngineState.UNHEALTHY
+            assert engine.last_error == "/v1/models: no answer within the probe timeout"
+
+
 async def test_scraped_load_reaches_the_fleet() -> None:
     config = EngineSimConfig(token_delay=0.05, max_running=1)
     body = {"model": "sim-model", "prompt": "x", "max_tokens": 40}

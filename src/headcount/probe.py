@@ -19,14 +19,17 @@ not one an engine or the network can cause.
 
 Engine host names are looked up as the proxy does (`probe_resolver.py`: never
 cached). A probe that fails for the router's own reasons, a failed lookup
-(`dns: ...`) or no free fd, is recorded as inconclusive: the engine's state is
-left as it was, so a short cluster-DNS outage cannot eject every engine.
+(`dns: ...`), no free fd, or a timeout that fired well past its time (the
+router's own event loop was blocked, so the answer may be sitting unread), is
+recorded as inconclusive: the engine's state is left as it was, so a short
+cluster-DNS outage or a stalled router cannot eject every engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -205,12 +208,22 @@ class Prober:
         """The probe's result, and the exception nobody foresaw if one decided it."""
         cards_parser = ModelListParser(self._settings.max_models)
         load_parser = LoadParser()
+        started = time.monotonic()
         models, load = await asyncio.gather(
             self._read(session, engine.url + "/v1/models", cards_parser),
             self._read(session, engine.url + "/metrics", load_parser),
             return_exceptions=True,
         )
         if isinstance(models, BaseException):
+            late = time.monotonic() - started - self._settings.timeout
+            if isinstance(models, asyncio.TimeoutError) and late > _blocked_after(
+                self._settings.timeout
+            ):
+                error = (
+                    f"/v1/models: timed out {late:.1f}s late: the router's own loop was "
+                    "blocked, the answer may be unread"
+                )
+                return ProbeResult(ok=False, error=error, inconclusive=True), None
             unexpected = None if isinstance(models, _EXPECTED) else models
             return _failed(models, "/v1/models"), unexpected
         try:
@@ -278,6 +291,12 @@ class Prober:
                         return
                     await asyncio.sleep(0)
             parser.feed(bytes(pending))
+
+
+def _blocked_after(timeout: float) -> float:
+    """How late a probe's timeout may fire before the router, not the engine, is to blame:
+    a timer fires within milliseconds of its time unless the loop was busy elsewhere."""
+    return max(0.1, timeout / 4)
 
 
 def _failed(exc: BaseException, path: str) -> ProbeResult:
