@@ -153,6 +153,19 @@ class _Tracked(StreamSink):
             why = f"the replay could not fill the gap {self._unfilled}"
         self.facts.rebuilding_since, self.facts.rebuilding_why = now, f"cleared, {why}"
 
+    @property
+    def block_size(self) -> int | None:
+        """From the events, else as scraped from `vllm:cache_config_info`."""
+        return self.index.block_size or self.scraped_block_size
+
+    def restarted_unseen(self, now: float) -> None:
+        """The engine restarted without its stream showing it (its hit counter went back):
+        emptied, and rebuilding, since events may have come from the new process already."""
+        self.index.clear()
+        self._cleared(ClearReason.RESTART, now)
+        self.facts.rebuilding_since = now
+        self.facts.rebuilding_why = "cleared, the engine restarted while the stream did not show it"
+
     def _evaluate(self) -> tuple[IndexTrust, str]:
         owner = self._owner
         return evaluate(
@@ -176,7 +189,7 @@ class _Tracked(StreamSink):
             reason=self.reason,
             blocks=len(self.index),
             capacity=None if self.index.capacity == DEFAULT_CAPACITY else self.index.capacity,
-            block_size=self.index.block_size or self.scraped_block_size,
+            block_size=self.block_size,
             last_event_age=None if last is None else now - last,
             events_applied=self.events_applied,
             gaps=self.gaps,
@@ -250,9 +263,7 @@ class KvIndexes:
 
     def block_size(self, engine_id: str) -> int | None:
         tracked = self._engines.get(engine_id)
-        if tracked is None:
-            return None
-        return tracked.index.block_size or tracked.scraped_block_size
+        return None if tracked is None else tracked.block_size
 
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         tracked = self._engines.get(engine_id)
@@ -379,12 +390,7 @@ class KvIndexes:
         _log.warning(
             "kv index of %s: the engine's hit counter went back: it restarted", tracked.name
         )
-        tracked.index.clear()
-        tracked.clears[ClearReason.RESTART] += 1
-        tracked.restart_seen_at = now
-        facts = tracked.facts
-        facts.rebuilding_since = now
-        facts.rebuilding_why = "cleared, the engine restarted while the stream did not show it"
+        tracked.restarted_unseen(now)
 
     def _check_hits(self, tracked: _Tracked, hits: float | None, now: float) -> None:
         window = tracked.window
