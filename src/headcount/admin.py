@@ -17,8 +17,9 @@ answers 404 for the other's paths.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from headcount._http.local import LocalRequest, LocalResponse, method_not_allowed, not_found
@@ -81,38 +82,54 @@ class AdminApp:
         )
 
     async def handle(self, request: LocalRequest) -> LocalResponse:
-        method, path, query = request.method, request.path, request.query
-        if not _is_admin_path(path):
+        """An unknown path is 404 whatever the method; a known one takes GET and HEAD only."""
+        method, path = request.method, request.path
+        answer = self._route(path, request.query)
+        if answer is None:
             return not_found(path)
         if method not in ("GET", "HEAD"):
             return method_not_allowed(method, path, "GET, HEAD")
+        return await answer()
+
+    def _route(self, path: str, query: str) -> Callable[[], Awaitable[LocalResponse]] | None:
+        """What answers `path`, or None when nothing does."""
         if path == "/v1/models":
-            return self._models()
+            return self._models
         if path == "/engines":
-            snapshot, now = self._fleet.snapshot, self._fleet.now()
-            engines = [_engine_json(engine, snapshot, now) for engine in snapshot.engines]
-            if self._kv_views is not None:
-                views = self._kv_views()
-                for engine, answer in zip(snapshot.engines, engines, strict=True):
-                    answer["kv_index"] = _kv_index_json(views.get(engine.id))
-            not_engines = [
-                _not_engine_json(entry, source.name)
-                for source in self._sources
-                for entry in sorted(source.not_engines.values(), key=lambda e: e.name)
-            ]
-            return LocalResponse.json(200, {"engines": engines, "not_engines": not_engines})
+            return self._engines
         if path == "/metrics":
-            return LocalResponse(200, await self._metrics.render(), METRICS_CONTENT_TYPE)
+            return self._metrics_text
         if path == "/health":
-            report = self.report()
-            return LocalResponse.json(503 if report.status == "unavailable" else 200, report.body)
+            return self._health
         for title in ("livez", "readyz"):
             if path == f"/{title}" or path.startswith(f"/{title}/"):
-                report = self.report()
-                return _checks(
-                    title, report.live if title == "livez" else report.ready, path, query
-                )
-        return not_found(path)
+                return functools.partial(self._checks, title, path, query)
+        return None
+
+    async def _engines(self) -> LocalResponse:
+        snapshot, now = self._fleet.snapshot, self._fleet.now()
+        engines = [_engine_json(engine, snapshot, now) for engine in snapshot.engines]
+        if self._kv_views is not None:
+            views = self._kv_views()
+            for engine, answer in zip(snapshot.engines, engines, strict=True):
+                answer["kv_index"] = _kv_index_json(views.get(engine.id))
+        not_engines = [
+            _not_engine_json(entry, source.name)
+            for source in self._sources
+            for entry in sorted(source.not_engines.values(), key=lambda e: e.name)
+        ]
+        return LocalResponse.json(200, {"engines": engines, "not_engines": not_engines})
+
+    async def _metrics_text(self) -> LocalResponse:
+        return LocalResponse(200, await self._metrics.render(), METRICS_CONTENT_TYPE)
+
+    async def _health(self) -> LocalResponse:
+        report = self.report()
+        return LocalResponse.json(503 if report.status == "unavailable" else 200, report.body)
+
+    async def _checks(self, title: str, path: str, query: str) -> LocalResponse:
+        report = self.report()
+        return _checks(title, report.live if title == "livez" else report.ready, path, query)
 
     async def handle_api(self, request: LocalRequest) -> LocalResponse:
         """The data port's answers when the admin endpoints have a port of their own."""
@@ -126,21 +143,13 @@ class AdminApp:
             return not_found(request.path)
         return await self.handle(request)
 
-    def _models(self) -> LocalResponse:
+    async def _models(self) -> LocalResponse:
         cards = [dict(card) for card in self._fleet.snapshot.model_cards()]
         for card in cards:
             card.setdefault("object", "model")
             card.setdefault("created", self._created)
             card.setdefault("owned_by", "headcount")
         return LocalResponse.json(200, {"object": "list", "data": cards})
-
-
-_PATHS = frozenset({"/v1/models", "/engines", "/metrics", "/health", "/livez", "/readyz"})
-
-
-def _is_admin_path(path: str) -> bool:
-    """Whether `path` is one of the endpoints above (or a `/livez/`, `/readyz/` sub-check)."""
-    return path in _PATHS or path.startswith(("/livez/", "/readyz/"))
 
 
 def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> LocalResponse:
