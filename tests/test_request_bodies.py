@@ -72,6 +72,46 @@ def test_a_body_is_read_to_a_model_or_a_reason(body: bytes, outcome: payload.Out
     assert payload.read_payload(body, None, no_header) == outcome
 
 
+def _verdict_of_json_loads(body: bytes) -> payload.Outcome:
+    """What `read_payload` must say, by the standard library's own reading."""
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return payload.TOO_DEEP
+    except ValueError:
+        return payload.INVALID_JSON
+    if not isinstance(value, dict):
+        return payload.NOT_AN_OBJECT
+    model = value.get("model")
+    return (model, None) if isinstance(model, str) and model else payload.MISSING_MODEL
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)
+
+
+@st.composite
+def _bodies(draw: st.DrawFn) -> bytes:
+    """JSON as clients send it and as they get it wrong: other encodings, a BOM, space
+    around, trailing bytes, a cut."""
+    value = draw(st.dictionaries(st.sampled_from(["model", "x"]), _JSON_VALUES) | _JSON_VALUES)
+    text = draw(st.sampled_from(["", " ", "\n"])) + json.dumps(value)
+    text += draw(st.sampled_from(["", " \r\n", "x", "}", "\x00"]))
+    data = text.encode(draw(st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-32-le"])))
+    return data[: draw(st.integers(0, len(data)))] if draw(st.booleans()) else data
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=_bodies())
+def test_a_body_reads_as_json_loads_reads_it(body: bytes) -> None:
+    # The loop's fast path (plain UTF-8, nothing around the value) must agree with
+    # json.loads on everything, and hand anything else to it.
+    assert payload.read_payload(body, None, no_header) == _verdict_of_json_loads(body)
+
+
 def test_a_too_deep_body_is_a_reason_not_a_recursion_error() -> None:
     # A 100k-deep body once escaped as RecursionError: a 500 with a traceback in the log.
     assert payload.read_payload(nested(100_000), session_key, no_header) == payload.TOO_DEEP

@@ -28,9 +28,6 @@ class BodyPieces:
         self.count = 0
         """Pieces added since the last `take` or `clear`."""
 
-    def __bool__(self) -> bool:
-        return bool(self._parts or self._small)
-
     def add(self, piece: bytes) -> None:
         self.count += 1
         small = self._small

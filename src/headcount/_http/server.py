@@ -408,7 +408,9 @@ class HttpServerProtocol(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         self._headers.append((name, value))
-        self._count_head(len(name) + len(value) + 4)
+        self._head_bytes += len(name) + len(value) + 4  # `_count_head` inlined: once per header
+        if self._head_bytes > self._limits.max_header_size:
+            self._fail(answers.HEADERS_TOO_LARGE)
         if name == b"content-length":
             self._content_length = int(value)
         elif name == b"host":
@@ -490,7 +492,7 @@ class HttpServerProtocol(asyncio.Protocol):
         self._in_message = False
         self._continue = False
         pieces = self._pieces
-        if not pieces:
+        if not pieces.count:
             self._queue.append(request)
         elif self._body_size < JOIN_OFF_LOOP:
             request.body = b"".join(pieces.take())
@@ -751,7 +753,7 @@ class HttpServerProtocol(asyncio.Protocol):
         self._reserved = 0
         self._hosts = 0
         self._expect = None
-        self._head_bytes = 0
+        self._head_bytes: int = 0
         self._head_raw = 0
         self._armed = 0
         self._http11 = True
