@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver, pinned_first
-from headcount._http.resources import raise_open_file_limit
+from headcount._http.resources import raise_open_file_limit, release_large_allocations
 from headcount.admin import AdminApp
 from headcount.auth import Authentication
 from headcount.config import (
@@ -314,6 +314,8 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     raise_open_file_limit()
+    if not release_large_allocations():
+        log.info("large allocations stay with the C library's default (not glibc)")
     fleet = Fleet(unhealthy_after=settings.probe.unhealthy_after, outliers=settings.outlier)
     kv = None
     if settings.proxy.routing is RoutingName.KV_AWARE:

@@ -110,13 +110,19 @@ _LINGER_TIMEOUT = 2.0
 """After an error answer and our FIN, how long the client may keep sending before we close."""
 _FEED_MAX = 16 * 1024
 """Parsed per loop iteration at most: a larger read waits its turn in slices."""
+_DISPATCH_TURN = 16
+"""Requests of one connection dispatched per loop iteration at most: a client pipelining
+requests the router answers itself (`GET /v1/models`) cannot hold the loop; the rest wait
+for the next iteration."""
 _RESERVE_STEP = 64 * 1024
 """A chunked body takes from the body budget this much at a time (what it may hold unused)."""
-_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 16 * 1024, 64
-"""A body past 16 KiB whose pieces average under 64 bytes is refused (400): each piece costs a
+_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 1024, 64
+"""A body of over 1,024 pieces averaging under 64 bytes is refused (400): each piece costs a
 parser callback, so 2-byte chunks make a 31 MiB upload 16 million calls, and a few such
-clients stall every other. A client streams a body in pieces of kilobytes; a small body may
-come in pieces of any size."""
+clients stall every other. Counted in pieces, the refusal comes within one read's parse
+(1,024 callbacks, a fraction of a millisecond), however many such uploads arrive at once. A
+client streams a body in pieces of kilobytes; a body of up to 1,024 pieces may come in pieces
+of any size."""
 _HEAD, _BODY = 1, 2
 """Which deadline a partly received request is under (`_armed`)."""
 
@@ -464,7 +470,8 @@ class HttpServerProtocol(asyncio.Protocol):
             pieces.add(self._body)
             self._body = b""
         pieces.add(body)
-        if total > _TINY_PIECES_FROM and total < pieces.count * _TINY_PIECE_MEAN:
+        count = pieces.count
+        if count > _TINY_PIECES_FROM and total < count * _TINY_PIECE_MEAN:
             self._fail(answers.CHUNKS_TOO_SMALL)
 
     def _reserve(self, total: int) -> None:
@@ -613,11 +620,15 @@ class HttpServerProtocol(asyncio.Protocol):
             return
         queue = self._queue
         self._dispatching = True
+        dispatched = 0
         try:
             while queue and not self._active and not self._write_paused:
                 transport = self._transport
                 if transport is None:
                     return
+                if dispatched == _DISPATCH_TURN:
+                    self._loop.call_soon(self._dispatch_pending)
+                    break
                 item = queue.popleft()
                 if isinstance(item, bytes):
                     self._linger(transport, item)
@@ -634,6 +645,7 @@ class HttpServerProtocol(asyncio.Protocol):
                     item.request.body = joined.result()
                     item = item.request
                 self._dispatch(item)
+                dispatched += 1
         finally:
             self._dispatching = False
         transport = self._transport
