@@ -108,6 +108,10 @@ _CHUNKED = b"transfer-encoding: chunked\r\n"
 _NO_BODY_STATUSES = frozenset({204, 304})
 _LINGER_TIMEOUT = 2.0
 """After an error answer and our FIN, how long the client may keep sending before we close."""
+_DISCARD_MAX = 1024 * 1024
+"""What is read and dropped after the router stopped parsing; then reading stops, and the
+rest waits in the kernel until the close (an uploader refused early would otherwise have
+the router read its whole body: 25 at once were 775 MiB)."""
 _FEED_MAX = 16 * 1024
 """Parsed per loop iteration at most: a larger read waits its turn in slices."""
 _DISPATCH_TURN = 16
@@ -116,12 +120,12 @@ requests the router answers itself (`GET /v1/models`) cannot hold the loop; the 
 for the next iteration."""
 _RESERVE_STEP = 64 * 1024
 """A chunked body takes from the body budget this much at a time (what it may hold unused)."""
-_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 1024, 64
-"""A body of over 1,024 pieces averaging under 64 bytes is refused (400): each piece costs a
-parser callback, so 2-byte chunks make a 31 MiB upload 16 million calls, and a few such
-clients stall every other. Counted in pieces, the refusal comes within one read's parse
-(1,024 callbacks, a fraction of a millisecond), however many such uploads arrive at once. A
-client streams a body in pieces of kilobytes; a body of up to 1,024 pieces may come in pieces
+_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 256, 64
+"""A body of over 256 pieces averaging under 64 bytes is refused (400): each piece costs a
+parser callback (~1 µs), so 2-byte chunks make a 31 MiB upload 16 million calls, and a few
+such clients stall every other. Counted in pieces, the refusal comes within one read's parse
+(256 callbacks), so 25 such uploads starting at once cost the loop a few milliseconds. A
+client streams a body in pieces of kilobytes; a body of up to 256 pieces may come in pieces
 of any size."""
 _HEAD, _BODY = 1, 2
 """Which deadline a partly received request is under (`_armed`)."""
@@ -156,6 +160,7 @@ class HttpServerProtocol(asyncio.Protocol):
         "_content_length",
         "_continue",
         "_deadline",
+        "_discarded",
         "_dispatching",
         "_draining",
         "_expect",
@@ -221,6 +226,7 @@ class HttpServerProtocol(asyncio.Protocol):
         self._dispatching = False
         self._draining = False
         self._stopped = False
+        self._discarded = 0
         self._read_paused = False
         self._write_paused = False
         self._in_message = False
@@ -315,6 +321,9 @@ class HttpServerProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._stopped:
+            self._discarded += len(data)
+            if self._discarded > _DISCARD_MAX and self._transport is not None:
+                self._transport.pause_reading()
             return
         if len(data) > _FEED_MAX or self._backlog is not None:
             self._queue_input(data)
