@@ -116,7 +116,7 @@ _FEED_MAX = 16 * 1024
 """Parsed per loop iteration at most: a larger read waits its turn in slices."""
 _FEED_PIPELINED = 2 * 1024
 """The slice for a connection that pipelines (a request arrived while another was queued or
-in progress): 16 KiB of pipelined `GET`s is ~330 requests parsed in one go (4 such clients
+in progress): 16 KiB of pipelined `GET`s is hundreds of requests parsed in one go (4 such clients
 held the loop 24 ms), 2 KiB a few dozen. HTTP clients rarely pipeline, and a request body,
 however large, is still read 16 KiB at a time on any other connection."""
 _DISPATCH_TURN = 16
