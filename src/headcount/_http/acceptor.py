@@ -33,7 +33,7 @@ _log = logging.getLogger(__name__)
 
 _BATCH = 32
 """Connections accepted per wakeup at most, so a burst cannot hold the loop (each costs a
-task and a protocol: 2,000 connections at once at 128 a wakeup held it ~30 ms)."""
+task and a protocol)."""
 _RETRY_DELAY = 0.1
 """Pause after running out before trying to accept again."""
 
