@@ -638,20 +638,9 @@ async def test_a_pipelining_client_gets_16_answers_per_loop_iteration_and_all_in
     )
     assert app.dispatched == 16
     await wait_for(lambda: app.dispatched == 40)
-    answers = [json.loads(part.partition(b"\r\n\r\n")[2]) for part in _split(transport.written)]
+    answers = [json.loads(body) for _, body in split_responses(bytes(transport.written))]
     assert [answer["query"] for answer in answers] == [str(i) for i in range(40)]
     protocol.connection_lost(None)
-
-
-def _split(written: bytearray) -> list[bytes]:
-    """The responses in `written`, each a head and a content-length body."""
-    responses, data = [], bytes(written)
-    while data:
-        head, _, rest = data.partition(b"\r\n\r\n")
-        length = int(head.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0])
-        responses.append(head + b"\r\n\r\n" + rest[:length])
-        data = rest[length:]
-    return responses
 
 
 class SliceRecorder(HttpServerProtocol):
