@@ -27,8 +27,8 @@ from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState
 from headcount.kvevents import BlockStored
 from headcount.kvindex.index import EngineIndex
 from headcount.kvindex.keys import BlockKey
-from headcount.kvroute import KvAware, KvRouting
 from headcount.routing import RequestFeatures
+from headcount.routing.kv import KvAware, KvRouting
 from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
 
 MODEL = "sim-model"

@@ -68,8 +68,7 @@ from _harness import (
     wait_until,
 )
 
-from headcount.config import DiscoveryMode
-from headcount.routing import RoutingName
+from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import RouterFlags, serve_command
 
 __all__ = ["TARGETS", "WORKLOADS", "Launch", "Target", "Workload", "main"]

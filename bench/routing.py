@@ -88,8 +88,7 @@ from _routing_report import (
 )
 from _workload import WorkloadShape, arrivals
 
-from headcount.config import DiscoveryMode
-from headcount.routing import RoutingName
+from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import RouterFlags, serve_command
 from headcount.sim.loopback import free_port_on_all
 

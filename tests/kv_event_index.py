@@ -19,7 +19,7 @@ __all__ = ["EventIndex"]
 
 
 class EventIndex:
-    """A `kvroute.KvIndexView` over the events each engine's recorder received."""
+    """A `routing.kv.KvIndexView` over the events each engine's recorder received."""
 
     def __init__(self, block_size: int) -> None:
         self.size = block_size

@@ -1,6 +1,6 @@
 """A stand-in for `headcount.kvindex.view.IndexView`, with its shape, for the surfaces' tests.
 
-The surfaces read views through the `headcount.kv_views.IndexStatus`
+The surfaces read views through the `headcount.surfaces.kv_views.IndexStatus`
 protocol; this double has every field the real view has, so a test that
 type-checks against it also fits the real one.
 """

@@ -14,8 +14,8 @@ import logging
 import aiohttp
 import pytest
 
-from headcount.access_log import AccessEntry, AccessLog
 from headcount.config import ConfigError, ProxySettings
+from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.tokens import builtin_tokenizer
 from tests.kv_event_index import EventIndex
 from tests.support import blackholed_listener

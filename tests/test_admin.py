@@ -16,14 +16,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from headcount._http.local import LocalRequest, LocalResponse
-from headcount.admin import AdminApp
 from headcount.config import HealthSettings, ProbeSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet, ProbeResult
 from headcount.kvindex.stream import ClearReason
 from headcount.kvindex.trust import IndexTrust
-from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from headcount.metrics import Metrics
+from headcount.surfaces.admin import AdminApp
+from headcount.surfaces.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from headcount.surfaces.metrics import Metrics
 from tests.kv_view_double import FakeIndexView
 from tests.support import KV_METRIC_LABELS
 

@@ -9,9 +9,9 @@ import pytest
 
 from headcount._http.handler import Request
 from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState, Snapshot
-from headcount.metrics import UNKNOWN_MODEL
 from headcount.proxy.admission import Admitted, Refused, admit
 from headcount.routing import LeastLoaded, RequestFeatures, RoundRobin, session_key
+from headcount.surfaces.metrics import UNKNOWN_MODEL
 
 
 def engine(name: str, *models: str, state: EngineState = EngineState.READY) -> Engine:

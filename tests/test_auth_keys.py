@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from headcount.auth import ApiKeys, KeyFileError, parse_api_keys, parse_engine_key
 from headcount.auth.keyfile import KeyFile
+from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import AuthSettings, ConfigError, ServerSettings
-from headcount.serve_flags import add_serve_arguments, settings_from_args
 from tests.support import wait_until
 
 __all__: list[str] = []

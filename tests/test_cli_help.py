@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from headcount.cli import _parser
-from headcount.cli_errors import given_flags
-from headcount.config import DiscoveryMode, LogFormat
-from headcount.routing import RoutingName
-from headcount.serve_flags import settings_from_args
+from headcount.cli.main import _parser
+from headcount.cli.serve_flags import settings_from_args
+from headcount.config import DiscoveryMode, LogFormat, RoutingName
+from headcount.flags.parser import given_flags
 
 COMMANDS = ("serve", "demo", "sim-engine", "sim-apiserver")
 _DEFAULT = re.compile(r"\(default ([^):]+)\)")

@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from headcount.cli import _parser
-from headcount.cli_errors import given_flags
+from headcount.cli.main import _parser
+from headcount.cli.serve_flags import settings_from_args
+from headcount.cli.serve_hints import serve_hints
 from headcount.config import DiscoverySettings
-from headcount.serve_flags import settings_from_args
-from headcount.serve_hints import serve_hints
+from headcount.flags.parser import given_flags
 from headcount.sim.cluster import PYTHON_CLI
 from headcount.sim.loopback import free_port
 

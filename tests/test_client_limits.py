@@ -20,16 +20,16 @@ from typing import Any
 import pytest
 
 from headcount._http.local import LocalRequest, LocalResponse
+from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import ConfigError, ProxySettings
 from headcount.fleet import EngineSpec, Fleet, ProbeResult
-from headcount.health import Status, evaluate
-from headcount.metrics import Metrics
 from headcount.proxy import Proxy, start_server
 from headcount.routing import RoundRobin
-from headcount.serve_flags import add_serve_arguments, settings_from_args
 from headcount.sim.cluster.client import RouterClient
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.sim.loopback import free_port
+from headcount.surfaces.health import Status, evaluate
+from headcount.surfaces.metrics import Metrics
 from tests.support import EngineConnection, raw_engine, wait_until, wait_until_async
 
 TIMEOUT = 10.0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from headcount.cli.serve_flags import add_serve_arguments, parse_duration, settings_from_args
 from headcount.config import (
     BUILTIN_TOKENIZER,
     ConfigError,
@@ -18,10 +19,9 @@ from headcount.config import (
     KvEventsSettings,
     ProbeSettings,
     ProxySettings,
+    RoutingName,
     Settings,
 )
-from headcount.routing import RoutingName
-from headcount.serve_flags import add_serve_arguments, parse_duration, settings_from_args
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]

@@ -35,7 +35,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from headcount.serve_flags import add_serve_arguments, settings_from_args
+from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS
 
 __all__: list[str] = []

@@ -24,12 +24,12 @@ from headcount._http.local import LocalRequest, LocalResponse
 from headcount._http.resolve import Resolver, pinned_first
 from headcount.config import OutlierSettings, ProbeSettings, ProxySettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
-from headcount.metrics import Metrics
-from headcount.probe import Prober
+from headcount.probe.prober import Prober
 from headcount.proxy import Proxy, start_server
 from headcount.routing import RoundRobin
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.sim.loopback import free_port_on_all
+from headcount.surfaces.metrics import Metrics
 from tests.support import EngineConnection, raw_engine, wait_until
 
 __all__: list[str] = []

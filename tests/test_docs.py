@@ -161,6 +161,56 @@ def test_checks_catch_a_missing_file_a_dead_link_and_a_dead_anchor(tmp_path: Pat
     ]
 
 
+def _layout(developing: str) -> set[str]:
+    """The paths DEVELOPING.md's layout block lists below `src/headcount/` (two spaces a level)."""
+    block = _FENCE.findall(developing[developing.index("## Layout") :])[0]
+    listed: set[str] = set()
+    folders: list[str] = []
+    for line in block.splitlines()[1:-1]:
+        name = line.split()[0]
+        depth = (len(line) - len(line.lstrip())) // 2
+        del folders[depth:]
+        path = "/".join([*folders, name])
+        if path.startswith("src/headcount/") and path != "src/headcount/":
+            listed.add(path.removeprefix("src/headcount/"))
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+    return listed
+
+
+def _modules(package: Path) -> set[str]:
+    """Every module and package below `package`, as the layout names them (`fleet/engine.py`)."""
+    found = set()
+    for path in package.rglob("*.py"):
+        relative = path.relative_to(package)
+        if path.name in ("__init__.py", "__main__.py"):
+            if relative.parent != Path("."):
+                found.add(f"{relative.parent.as_posix()}/")
+        else:
+            found.add(relative.as_posix())
+    return found
+
+
+def test_the_layout_names_every_module() -> None:
+    listed = _layout((ROOT / "docs" / "DEVELOPING.md").read_text())
+    actual = _modules(ROOT / "src" / "headcount")
+    assert sorted(actual - listed) == [], "modules DEVELOPING.md's layout does not name"
+    assert sorted(listed - actual) == [], "names in the layout that are no module"
+
+
+def test_the_layout_check_sees_a_missing_and_a_stale_module(tmp_path: Path) -> None:
+    (tmp_path / "fleet").mkdir()
+    for name in ("__init__.py", "app.py", "fleet/__init__.py", "fleet/engine.py"):
+        (tmp_path / name).write_text("")
+    developing = (
+        "## Layout\n```\nsrc/headcount/\n  app.py      wiring\n  fleet/      the fleet\n"
+        "    gone.py   a module since removed\ntests/      tests\n```\n"
+    )
+    listed = _layout(developing)
+    assert listed == {"app.py", "fleet/", "fleet/gone.py"}
+    assert _modules(tmp_path) - listed == {"fleet/engine.py"}
+
+
 def test_license_is_the_one_the_package_declares() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
     assert declared == {"text": "Apache-2.0"}

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import (
     ConfigError,
     DiscoverySettings,
@@ -16,7 +17,6 @@ from headcount.config import (
     ProxySettings,
     Settings,
 )
-from headcount.serve_flags import add_serve_arguments, settings_from_args
 
 __all__: list[str] = []
 

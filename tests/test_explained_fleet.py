@@ -20,13 +20,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from headcount._http.local import LocalRequest
-from headcount.admin import AdminApp
 from headcount.config import DiscoveryMode, DiscoverySettings, HealthSettings, ProbeSettings
 from headcount.discovery.build import build_k8s_source
 from headcount.discovery.source import DiscoverySource
 from headcount.discovery.static import StaticSource
 from headcount.fleet import Fleet
-from headcount.metrics import Metrics
 from headcount.sim.apiserver import (
     ApiServerSim,
     ApiServerSimConfig,
@@ -34,6 +32,8 @@ from headcount.sim.apiserver import (
     make_service,
     running_apiserver,
 )
+from headcount.surfaces.admin import AdminApp
+from headcount.surfaces.metrics import Metrics
 from tests.support import wait_until
 
 __all__: list[str] = []

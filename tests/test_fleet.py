@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from headcount.config import ProbeSettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, FleetChange, ProbeResult
-from headcount.vllm_load import VllmLoad
+from headcount.fleet.vllm_load import VllmLoad
 
 PROBE = ProbeSettings()
 CARDS = ({"id": "m", "object": "model"}, {"id": "m-lora", "object": "model", "parent": "m"})

@@ -22,8 +22,8 @@ from headcount.config import OutlierSettings
 from headcount.discovery.pods import deleted_reason, reconcile_listed
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
+from headcount.fleet.outliers import HTTP_5XX
 from headcount.logs import configure_logging
-from headcount.outliers import HTTP_5XX
 from headcount.sim.apiserver import ApiServerSim, make_endpointslice, make_pod, make_service
 from tests.support import wait_until
 from tests.test_discovery_k8s import ENGINE, SERVICES, api, discovery, names

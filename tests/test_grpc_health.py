@@ -12,8 +12,8 @@ import pytest
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from headcount.grpc_health import GrpcHealthServer
-from headcount.health import Check, HealthReport, Status
+from headcount.surfaces.grpc_health import GrpcHealthServer
+from headcount.surfaces.health import Check, HealthReport, Status
 
 __all__: list[str] = []
 

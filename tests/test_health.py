@@ -5,7 +5,7 @@ from __future__ import annotations
 from headcount.config import HealthSettings, ProbeSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, Fleet, ProbeResult, Snapshot
-from headcount.health import Status, evaluate, render_checks
+from headcount.surfaces.health import Status, evaluate, render_checks
 
 SETTINGS = HealthSettings(discovery_stale_after=120, discovery_dead_after=300)
 PROBE = ProbeSettings()

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from headcount.config import RoutingName
 from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState
 from headcount.kvindex.keys import BlockKey, block_keys
-from headcount.kvroute import KvAware, KvRequest, KvRouting
-from headcount.routing import RequestFeatures, RoutingName, make_policy
+from headcount.routing import RequestFeatures, make_policy
+from headcount.routing.kv import KvAware, KvRequest, KvRouting
 
 BS = 4
 MODEL = "m"

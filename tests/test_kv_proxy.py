@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from headcount.kvroute import KvRouting
-from headcount.routing import Policy, RoutingName, make_policy
+from headcount.config import RoutingName
+from headcount.routing import Policy, make_policy
+from headcount.routing.kv import KvRouting
 from headcount.tokens import ChatTokenizer, builtin_tokenizer
 from tests.kv_event_index import EventIndex
 from tests.support import raw_engine, wait_until

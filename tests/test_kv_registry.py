@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from headcount.fleet import EngineSpec, Fleet, ProbeResult
+from headcount.fleet.vllm_load import VllmLoad
 from headcount.kvevents import BlockRemoved, BlockStored, EventBatch, KvEvent
 from headcount.kvindex.keys import block_keys
 from headcount.kvindex.registry import KvIndexes
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust
-from headcount.vllm_load import VllmLoad
 from tests.support import wait_until_async
 
 __all__: list[str] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from headcount.metrics import OUTCOMES
+from headcount.surfaces.metrics import OUTCOMES
 from tests.test_auth_router import router_before
 from tests.test_proxy import CHAT, MODEL, chat, routed, sim
 

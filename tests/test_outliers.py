@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headcount._http.local import LocalRequest
-from headcount.admin import AdminApp
 from headcount.config import HealthSettings, OutlierSettings
 from headcount.fleet import EngineSpec, EngineState, Fleet, FleetChange, ProbeResult
-from headcount.metrics import Metrics
-from headcount.outliers import GATEWAY_ERROR, HTTP_5XX, NOT_EJECTED, next_ejection, panicking
-from headcount.vllm_load import VllmLoad
+from headcount.fleet.outliers import GATEWAY_ERROR, HTTP_5XX, NOT_EJECTED, next_ejection, panicking
+from headcount.fleet.vllm_load import VllmLoad
+from headcount.surfaces.admin import AdminApp
+from headcount.surfaces.metrics import Metrics
 
 __all__: list[str] = []
 

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headcount.model_list import (
+from headcount.fleet.vllm_load import MAX_LINE, LoadParser, VllmLoad, parse_vllm_load
+from headcount.probe.model_list import (
     KEPT_FIELDS,
     MAX_DEPTH,
     MAX_TOKEN,
@@ -27,7 +28,6 @@ from headcount.model_list import (
     ModelListError,
     ModelListParser,
 )
-from headcount.vllm_load import MAX_LINE, LoadParser, VllmLoad, parse_vllm_load
 
 # ------------------------------------------------------------------ helpers
 

@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headcount import probe
 from headcount.config import ProbeSettings
 from headcount.discovery.static import static_specs
 from headcount.fleet import Engine, EngineState, Fleet, ProbeResult
-from headcount.probe import Prober
+from headcount.probe import prober as probe
+from headcount.probe.prober import Prober
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from tests.support import EngineConnection, raw_engine, wait_until
 

@@ -26,12 +26,12 @@ import pytest
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount._http.pool import Dial
 from headcount._http.resolve import Resolver
-from headcount.config import OutlierSettings, ProbeSettings, ProxySettings
+from headcount.config import OutlierSettings, ProbeSettings, ProxySettings, RoutingName
 from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
-from headcount.metrics import Metrics
 from headcount.proxy import Proxy, start_server
-from headcount.routing import Policy, RoundRobin, RoutingName, make_policy
+from headcount.routing import Policy, RoundRobin, make_policy
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
+from headcount.surfaces.metrics import Metrics
 from tests.support import EngineConnection, Script, blackholed_listener, raw_engine, wait_until
 
 TIMEOUT = 10.0

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount.config import ProxySettings
 from headcount.fleet import EngineSpec, Fleet, ProbeResult
-from headcount.metrics import Metrics
 from headcount.proxy import Proxy, payload, start_server
 from headcount.proxy.parsepool import ParsePool
 from headcount.routing import (
@@ -32,6 +31,7 @@ from headcount.routing import (
     prompt_prefix_key,
     session_key,
 )
+from headcount.surfaces.metrics import Metrics
 from tests.support import EngineConnection, raw_engine
 
 TIMEOUT = 10.0

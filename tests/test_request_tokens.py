@@ -25,8 +25,8 @@ import pytest
 from headcount._http.pool import PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
 from headcount.fleet import Engine, EngineLoad, EngineSpec
-from headcount.kvroute import KvRequest
-from headcount.kvroute.prompts import EngineTokenize
+from headcount.routing.kv import KvRequest
+from headcount.routing.kv.prompts import EngineTokenize
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
 from tests.kv_event_index import EventIndex

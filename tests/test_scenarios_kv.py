@@ -26,8 +26,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from headcount.config import DiscoveryMode
-from headcount.routing import RoutingName
+from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import RouterFlags, RouterProcess, Timings, hosts, sim_cluster
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine, start_engine
 from headcount.sim.engine.kv_events_config import KvEventsConfig

@@ -16,9 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from headcount.config import DiscoveryMode, HealthSettings, ProbeSettings, ProxySettings, Settings
-from headcount.routing import RoutingName
-from headcount.serve_flags import add_serve_arguments, settings_from_args
+from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
+from headcount.config import (
+    DiscoveryMode,
+    HealthSettings,
+    ProbeSettings,
+    ProxySettings,
+    RoutingName,
+    Settings,
+)
 from headcount.sim.cluster import (
     RouterClient,
     RouterFlags,

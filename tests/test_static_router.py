@@ -23,8 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from headcount.config import DiscoveryMode
-from headcount.routing import RoutingName
+from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import RouterFlags, RouterProcess, SimCluster, Timings, sim_cluster
 from headcount.sim.engine import EngineSimConfig, running_engine
 from tests.support import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS, wait_until_async

@@ -25,11 +25,11 @@ from headcount.config import (
 )
 from headcount.discovery.static import StaticSource
 from headcount.fleet import EngineState, Fleet, Snapshot
-from headcount.grpc_health import GrpcHealthServer
-from headcount.health import HealthReport, Status
-from headcount.metrics import Metrics
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.supervise import Supervisor
+from headcount.surfaces.grpc_health import GrpcHealthServer
+from headcount.surfaces.health import HealthReport, Status
+from headcount.surfaces.metrics import Metrics
 from tests.support import wait_until
 
 SETTINGS = SupervisionSettings(restart_delay=1.0, restart_delay_max=8.0, healthy_after=60.0)

@@ -29,25 +29,26 @@ from typing import TYPE_CHECKING
 from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver, pinned_first
 from headcount._http.resources import raise_open_file_limit, release_large_allocations
-from headcount.admin import AdminApp
 from headcount.auth import Authentication
 from headcount.config import (
     BUILTIN_TOKENIZER,
     ConfigError,
     DiscoveryMode,
     KvEventsSettings,
+    RoutingName,
     Settings,
 )
 from headcount.discovery.source import DiscoverySource
 from headcount.discovery.static import StaticSource
 from headcount.fleet import Fleet
-from headcount.grpc_health import GrpcHealthServer
-from headcount.kvroute import KvRouting
-from headcount.metrics import Metrics
-from headcount.probe import Prober
+from headcount.probe.prober import Prober
 from headcount.proxy import Proxy, start_local_server, start_server
-from headcount.routing import Policy, RoutingName, make_policy
+from headcount.routing import Policy, make_policy
+from headcount.routing.kv import KvRouting
 from headcount.supervise import Supervisor
+from headcount.surfaces.admin import AdminApp
+from headcount.surfaces.grpc_health import GrpcHealthServer
+from headcount.surfaces.metrics import Metrics
 from headcount.tokens import ChatTokenizer, TokenizerError, builtin_tokenizer, load_tokenizer
 
 if TYPE_CHECKING:

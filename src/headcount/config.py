@@ -5,7 +5,10 @@ for it, and nothing else in the router keeps a default of its own. Each
 dataclass validates itself when built (`Settings` checks what spans several),
 raising `ConfigError` with a message a person can act on that names the flag
 (the CLI prints it; no traceback), so settings built in code are held to the
-same rules as the command line. The flags that fill it are in `serve_flags.py`.
+same rules as the command line. The flags that fill it are in `cli/serve_flags.py`.
+Over 450 lines on purpose: every default beside its reason, and every check,
+read in one place. The names of the routing policies live here too
+(`RoutingName`), below the `routing/` package that implements them.
 """
 
 from __future__ import annotations
@@ -16,8 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
-
-from headcount.routing import RoutingName
 
 __all__ = [
     "BUILTIN_TOKENIZER",
@@ -34,11 +35,22 @@ __all__ = [
     "OutlierSettings",
     "ProbeSettings",
     "ProxySettings",
+    "RoutingName",
     "ServerSettings",
     "Settings",
     "SupervisionSettings",
     "backend_base_url",
 ]
+
+
+class RoutingName(enum.StrEnum):
+    """The routing policies `--routing` names (`routing/` implements each)."""
+
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+    SESSION = "session"
+    PREFIX = "prefix"
+    KV_AWARE = "kv-aware"
 
 
 class ConfigError(ValueError):
@@ -262,7 +274,7 @@ class DiscoverySettings:
 
 @dataclass(frozen=True)
 class OutlierSettings:
-    """Passive outlier detection (`headcount.outliers`): engines that fail requests while
+    """Passive outlier detection (`headcount.fleet.outliers`): engines that fail requests while
     their probes pass leave rotation for a while."""
 
     consecutive_errors: int = 5

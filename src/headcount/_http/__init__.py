@@ -4,7 +4,8 @@ Private to headcount: `headcount.proxy` is its only user. The server
 (`server.py`) parses client requests with httptools and answers them in order;
 the upstream side (`upstream.py`) keeps keep-alive connections per engine and
 reports each upstream read as one event. Foreign exceptions become the tree in
-`errors.py`. No framework sits on this path: it costs 3-6x the CPU per request.
+`errors.py`. No framework sits on this path: one costs several times the CPU per
+request (bench/RESULTS.md).
 """
 
 __all__: list[str] = []

@@ -1,15 +1,15 @@
 """A request body that came in several reads: few objects whatever the chunking, joined off-loop.
 
-A body sent as 2-byte chunks must not become one object per chunk (31 MiB that
-way was 925 MiB of `bytes`): pieces smaller than `_PIECE` are copied together,
-so a body is held in one object per MiB at most. Objects of a MiB are mapped on
-their own (`resources.release_large_allocations`), so a large body's memory goes
-back to the system when it is freed; 16 KiB pieces fragmented the heap, and a
-router that had read four 31 MiB bodies at a time stayed 110 MiB larger.
-Joining the pieces into the one `bytes` a handler gets is a copy of the whole
-body, 3-20 ms for 31 MiB (page faults of fresh memory included); `bytes.join`
-releases the GIL while it copies, so from `JOIN_OFF_LOOP` up the server joins
-in a thread.
+A body sent as tiny chunks must not become one object per chunk (an object's
+overhead dwarfs a 2-byte chunk): pieces smaller than `_PIECE` are copied
+together, so a body is held in one object per MiB at most. Objects of a MiB are
+mapped on their own (`resources.release_large_allocations`), so a large body's
+memory goes back to the system when it is freed; small pieces fragment the
+heap and keep it resident. Joining the pieces into the one `bytes` a handler
+gets copies the whole body, which for a large body takes milliseconds;
+`bytes.join` releases the GIL while it copies, so from `JOIN_OFF_LOOP` up the
+server joins in a thread. (Measured figures: bench/RESULTS.md, "Figures behind
+the design".)
 """
 
 from __future__ import annotations

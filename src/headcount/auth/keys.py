@@ -6,7 +6,7 @@ either way only the digest is kept. `ApiKeys.admits` reads the one
 `Authorization: Bearer <key>` header (what OpenAI's and vLLM's clients send;
 no other header, no query string), hashes the key once and looks the digest up
 in a set: one lookup whatever the number of keys (comparing with every digest
-in constant time cost 52 µs a request at 1,000 keys). A lookup's time can only
+in constant time grows with the number of keys: bench/RESULTS.md). A lookup's time can only
 say something of the digest's hash-table bucket, under a per-process random
 seed, never of the key: finding a key from its SHA-256 is a preimage attack,
 however much of the digest a client learnt. Two `Authorization` headers are

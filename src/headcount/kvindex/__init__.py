@@ -6,3 +6,5 @@ block hash (`keys.py`). The registry (`registry.py`) starts and stops both with
 the engine, and keeps each index's trust (`trust.py`): synced, rebuilding,
 stale or off. The `kv-aware` routing policy reads only usable indexes.
 """
+
+__all__: list[str] = []

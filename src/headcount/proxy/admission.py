@@ -7,8 +7,8 @@ the loop for a small body (`admit`), in a worker process for a large one
 byte. The policy picks among `snapshot.candidates(model)`. The result is typed:
 `Admitted` (the engine and the request's features) or `Refused` (the answer to
 send and the model label to count it under). For the `kv-aware` policy the
-features carry the prompt (`kvroute.KvRequest`): `PromptAdmission` gets its
-token ids first (`kvroute.prompts`), with the router's tokenizer on the loop
+features carry the prompt (`routing.kv.KvRequest`): `PromptAdmission` gets its
+token ids first (`routing.kv.prompts`), with the router's tokenizer on the loop
 for a body up to `KvRouting.inline_tokenize_max`, else from one candidate's
 `POST /tokenize` (`AskEngine`: the data plane awaits it in a task, as it
 awaits a worker's parse); a body with no ids to be had is routed by load.
@@ -22,9 +22,6 @@ from typing import Any, NamedTuple
 from headcount._http.handler import Request
 from headcount._http.pool import Upstreams
 from headcount.fleet import Engine, Fleet, Snapshot
-from headcount.kvroute import KvAware
-from headcount.kvroute.prompts import EngineTokenize, local_ids
-from headcount.metrics import UNKNOWN_MODEL
 from headcount.proxy import payload
 from headcount.proxy.errors import (
     BODY_TOO_COMPLEX,
@@ -40,6 +37,9 @@ from headcount.proxy.errors import (
 )
 from headcount.proxy.headers import find_header
 from headcount.routing import LeastLoaded, Policy, RequestFeatures
+from headcount.routing.kv import KvAware
+from headcount.routing.kv.prompts import EngineTokenize, local_ids
+from headcount.surfaces.metrics import UNKNOWN_MODEL
 from headcount.tokens import PromptKind
 
 __all__ = ["Admitted", "AskEngine", "PromptAdmission", "Refused", "admit", "admit_read"]

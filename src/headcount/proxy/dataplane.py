@@ -24,8 +24,8 @@ endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
 a `LocalHandler`, with no key; it stays open through the drain, so probes and
 scrapes are answered until the process ends.
 
-With the `kv-aware` policy (`kvroute.KvAware`), a chat or completion
-request's prompt is tokenized before admission (`kvroute.prompts`): on the
+With the `kv-aware` policy (`routing.kv.KvAware`), a chat or completion
+request's prompt is tokenized before admission (`routing.kv.prompts`): on the
 loop with the router's tokenizer for a body up to its `inline_tokenize_max`,
 else by one candidate engine's `POST /tokenize` in a task, as a large body's
 parse is; a body read by a worker, or whose tokens cannot be had, is routed by
@@ -67,13 +67,10 @@ from headcount._http.resolve import Resolver
 from headcount._http.resources import LocalResources
 from headcount._http.server import HttpServerProtocol, ServerLimits
 from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER, method_not_allowed_body
-from headcount.access_log import AccessEntry, AccessLog
 from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
-from headcount.kvroute import KvAware
-from headcount.metrics import UNKNOWN_MODEL, Metrics, whole
 from headcount.proxy.admission import (
     Admitted,
     AskEngine,
@@ -87,6 +84,9 @@ from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
 from headcount.proxy.parsepool import ParsePool
 from headcount.routing import Policy
+from headcount.routing.kv import KvAware
+from headcount.surfaces.access_log import AccessEntry, AccessLog
+from headcount.surfaces.metrics import UNKNOWN_MODEL, Metrics, whole
 
 __all__ = ["Proxy", "start_local_server", "start_server"]
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from headcount._http.wire import INTERNAL_ERROR_BODY, error_body
 from headcount.fleet import Snapshot
-from headcount.metrics import UNKNOWN_MODEL
+from headcount.surfaces.metrics import UNKNOWN_MODEL
 
 __all__ = [
     "BODY_TOO_COMPLEX",

@@ -25,7 +25,7 @@ the prompt tokens its engine must prefill in `engine.load.prefill_queued`,
 given back at the same points as the waiting entry (first byte, or the
 attempt's end by any path); the index hears `routed` at dispatch and
 `prefilled` at a 2xx first byte; the response carries the route receipt
-(`kvroute.request`) of the engine that answered.
+(`routing.kv.request`) of the engine that answered.
 
 Every request ends once, in `_end`: the metrics hear the status the client saw
 and how the answer ended (a stream that breaks after its 200 is `200`, outcome
@@ -58,10 +58,8 @@ from headcount._http.handler import Responder
 from headcount._http.pool import UpstreamPool, Upstreams
 from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
-from headcount.access_log import AccessEntry, AccessLog
 from headcount.fleet import Engine, EngineLoad, Fleet, Snapshot
-from headcount.metrics import CLIENT_CLOSED, CUT, Metrics, whole
-from headcount.outliers import GATEWAY_ERROR, HTTP_5XX
+from headcount.fleet.outliers import GATEWAY_ERROR, HTTP_5XX
 from headcount.proxy.errors import (
     INTERNAL_ERROR,
     ErrorAnswer,
@@ -72,6 +70,8 @@ from headcount.proxy.errors import (
 )
 from headcount.proxy.headers import response_headers
 from headcount.routing import Policy, RequestFeatures
+from headcount.surfaces.access_log import AccessEntry, AccessLog
+from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, Metrics, whole
 
 __all__ = ["CLIENT_CLOSED_STATUS", "Exchange", "ExchangeContext"]
 

@@ -1,9 +1,9 @@
 """Large request bodies are read in worker processes, so that no body stalls the event loop.
 
 Routing needs the body's `model` (and, for affinity policies, a key), which
-means parsing its JSON. The C parser holds the GIL and costs up to ~65 ns a
-byte on hostile input (31 MiB of nested empty arrays: 2-3 s, and ~30 times the
-body's size in objects), so a thread would stall the loop all the same. A body
+means parsing its JSON. The C parser holds the GIL, and hostile input (deeply
+nested empty arrays) makes it take seconds and many times the body's size in
+objects, so a thread would stall the loop all the same. A body
 larger than the inline bound goes to one of at most `workers` child processes
 over a pipe: the loop only writes its bytes and reads back a few
 (`payload.py` is both ends' code). Workers start on first use; one that dies

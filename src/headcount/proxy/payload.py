@@ -4,7 +4,7 @@
 small body, or in a worker process for a large one (`parsepool.py`), where
 `worker_main` is the child's whole program. The child loads this file by
 path, not as `headcount.proxy.payload`: importing the `headcount.proxy`
-package would pull the whole data plane (28 MB, 150 ms) into every worker.
+package would pull the whole data plane into every worker's memory and start-up.
 So this module imports nothing of headcount at import time; a key source is
 named to the worker as `module:qualname` and imported there (`headcount.routing`
 is light).

@@ -13,9 +13,9 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from headcount.cli_errors import CommandParser, cannot_listen, fail, field_error
-from headcount.cli_values import add_listen_arguments
 from headcount.config import ConfigError
+from headcount.flags.parser import CommandParser, cannot_listen, fail, field_error
+from headcount.flags.values import add_listen_arguments
 from headcount.sim.apiserver.config import ApiServerSimConfig
 from headcount.sim.apiserver.kubelet import POD_IP_ANNOTATION, address_range
 from headcount.sim.apiserver.server import running_apiserver

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headcount.config import DiscoveryMode
-from headcount.routing import RoutingName
+from headcount.config import DiscoveryMode, RoutingName
 
 __all__ = ["PYTHON_CLI", "RouterFlags", "Timings", "serve_command"]
 

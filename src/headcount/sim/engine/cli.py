@@ -17,9 +17,9 @@ from typing import TypeVar
 
 import uvloop
 
-from headcount.cli_errors import CommandParser, cannot_listen, fail, field_error, lowercase
-from headcount.cli_values import add_listen_arguments
 from headcount.config import ConfigError
+from headcount.flags.parser import CommandParser, cannot_listen, fail, field_error, lowercase
+from headcount.flags.values import add_listen_arguments
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig
 from headcount.sim.engine.kv_events_config import add_kv_events_arguments, kv_events_from_args
 from headcount.sim.engine.server import running_engine

@@ -12,8 +12,7 @@ and an engine is chosen by that plus `(miss_weight - 1) * (prompt - cached)`: a
 miss also costs later, since the blocks it caches evict as many others' cached
 blocks, which someone will prefill again. Without it the choice is greedy for
 this request's TTFT and spreads each prompt over the fleet, which then holds
-fewer distinct prefixes (measured in bench/RESULTS.md: about 91% cache hits
-greedy, 97% with a miss counted twice).
+fewer distinct prefixes (bench/RESULTS.md has the hit rates of both).
 
 The cached part comes from the engine's index (`KvIndexView.match` over the
 request's block keys); an engine whose index is not usable (stale, off) counts
@@ -23,7 +22,7 @@ on it (all in the cost), or it has `saturation_slack` more requests in flight
 than (1 + epsilon) x the mean, when it is skipped unless all are, so a hot
 tenant cannot pile onto one engine between two scrapes. The slack keeps that
 bound from firing at the small in-flight counts where it only moves prompts off
-their cache (a bound of (1 + epsilon) x the mean alone cost 9 points of hits).
+their cache (a bound of (1 + epsilon) x the mean alone cost cache hits).
 Ties go to the fewest in flight, then round-robin from a moving start.
 
 The decision (`choose`) is a pure function of the candidates and their
@@ -38,10 +37,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headcount.fleet import Engine, EngineLoad
-from headcount.kvroute.request import KvIndexView, KvRequest
+from headcount.routing.kv.request import KvIndexView, KvRequest
 
-if TYPE_CHECKING:  # `routing` imports this module; a parse worker must not load tokenizers
-    from headcount.routing import KeySource, RequestFeatures
+if TYPE_CHECKING:  # `routing.policy` loads this package before it defines them; a parse
+    # worker must not load tokenizers
+    from headcount.routing.policy import KeySource, RequestFeatures
     from headcount.tokens import ChatTokenizer
 
 __all__ = ["KvAware", "KvRouting", "choose", "ttft_cost"]

@@ -26,11 +26,11 @@ from headcount._http.local import LocalRequest, LocalResponse, method_not_allowe
 from headcount.config import HealthSettings
 from headcount.discovery.source import NotAnEngine, SourceStatus
 from headcount.fleet import Engine, Fleet, Snapshot
-from headcount.health import Check, HealthReport, evaluate, render_checks
-from headcount.kv_views import IndexStatus, KvViews
 from headcount.kvindex.trust import IndexTrust
-from headcount.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from headcount.metrics import Metrics
+from headcount.surfaces.health import Check, HealthReport, evaluate, render_checks
+from headcount.surfaces.kv_views import IndexStatus, KvViews
+from headcount.surfaces.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from headcount.surfaces.metrics import Metrics
 
 __all__ = ["AdminApp"]
 

@@ -1,8 +1,8 @@
-"""The `headcount` command: `serve`, `demo`, and the two simulators.
+"""The `headcount` entry point: parse the command line, run `serve`, `demo` or a simulator.
 
 Bad input ends with one line on stderr naming the problem and exit status 2,
 never a traceback nor the whole usage: a mistyped flag gets the nearest one
-suggested (`cli_errors`), and a setting that cannot be used (`ConfigError`,
+suggested (`flags/parser.py`), and a setting that cannot be used (`ConfigError`,
 a port already taken) is said in one line too. What `serve` accepts but
 probably does not mean is logged once at start (`serve_hints`).
 """
@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import uvloop
 
 from headcount import __version__
-from headcount.cli_errors import CommandParser, fail, given_flags
+from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import ConfigError
-from headcount.serve_flags import add_serve_arguments, settings_from_args
+from headcount.flags.parser import CommandParser, fail, given_flags
 
 __all__ = ["main"]
 
@@ -29,8 +28,8 @@ _log = logging.getLogger("headcount.cli")
 
 def _serve(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from headcount.app import serve
+    from headcount.cli.serve_hints import serve_hints
     from headcount.logs import configure_logging
-    from headcount.serve_hints import serve_hints
 
     settings = settings_from_args(ns)
     configure_logging(settings.server.log_format.value, settings.server.log_level)
@@ -52,7 +51,7 @@ def _sim_apiserver(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
 
 
 def _demo(ns: argparse.Namespace) -> Coroutine[Any, Any, None]:
-    from headcount.demo import run_demo
+    from headcount.cli.demo import run_demo
 
     return run_demo(ns)
 
@@ -103,7 +102,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

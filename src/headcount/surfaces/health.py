@@ -28,8 +28,8 @@ from typing import Any
 from headcount.config import HealthSettings
 from headcount.discovery.source import SourceStatus, Watched
 from headcount.fleet import Engine, Snapshot
-from headcount.kv_views import IndexStatus
 from headcount.kvindex.trust import IndexTrust
+from headcount.surfaces.kv_views import IndexStatus
 
 __all__ = [
     "KV_INDEX_CHECK",

@@ -2,8 +2,8 @@
 
 - With the router's tokenizer (`--tokenizer`): `tokens.prompt_ids` on the
   event loop, the code the engine uses. Repeated text (system prompts, earlier
-  turns) comes from the tokenizer's segment cache, so only new text costs
-  (~1 us per token). Bodies over `inline_max` bytes are not tokenized: at that
+  turns) comes from the tokenizer's segment cache, so only new text costs.
+  Bodies over `inline_max` bytes are not tokenized: at that
   size fresh text could hold the loop for more than a few milliseconds, so the
   request is routed by load.
 - Without one: an engine's own `POST /tokenize` (vLLM's chat or completion

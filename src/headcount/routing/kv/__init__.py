@@ -6,7 +6,7 @@
 engine's `POST /tokenize`.
 """
 
-from headcount.kvroute.policy import KvAware, KvRouting, choose, ttft_cost
-from headcount.kvroute.request import KvIndexView, KvRequest
+from headcount.routing.kv.policy import KvAware, KvRouting, choose, ttft_cost
+from headcount.routing.kv.request import KvIndexView, KvRequest
 
 __all__ = ["KvAware", "KvIndexView", "KvRequest", "KvRouting", "choose", "ttft_cost"]

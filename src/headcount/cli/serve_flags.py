@@ -4,7 +4,7 @@
 dataclasses in `config.py`, so each lives once) and `settings_from_args` maps
 them to a `Settings`, whose own checks raise `ConfigError` naming the flag.
 Durations accept fractional seconds and units (`250ms`, `2m`); sizes accept
-`32MiB` (`cli_values`). Every flag's help gives its default and unit; choices
+`32MiB` (`flags/values.py`). Every flag's help gives its default and unit; choices
 take any case. Over 450 lines because each flag carries its one-line help:
 one table of every flag reads better whole than split by group.
 """
@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headcount.cli_errors import lowercase, uppercase
-from headcount.cli_values import duration_help, format_size, parse_duration, parse_port, parse_size
 from headcount.config import (
     CLIENT_SHARE_OF_FILES,
     LOG_LEVELS,
@@ -29,10 +27,18 @@ from headcount.config import (
     OutlierSettings,
     ProbeSettings,
     ProxySettings,
+    RoutingName,
     ServerSettings,
     Settings,
 )
-from headcount.routing import RoutingName
+from headcount.flags.parser import lowercase, uppercase
+from headcount.flags.values import (
+    duration_help,
+    format_size,
+    parse_duration,
+    parse_port,
+    parse_size,
+)
 
 __all__ = ["add_serve_arguments", "parse_duration", "settings_from_args"]
 

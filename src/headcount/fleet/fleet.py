@@ -10,169 +10,33 @@ events costs one rebuild, and so does the end of an outlier ejection (the
 snapshot knows when the first one ends). Removing an engine drops every piece
 of per-engine state with it.
 
-Every state change is logged once, with its reason (`fleet_story.py`): the
+Every state change is logged once, with its reason (`story.py`): the
 reason for a removal comes from the source that knows it.
 
 Listeners hear every write that changes the engine set or takes an engine out
 of rotation (`FleetChange.left`), so the proxy can fail over requests still
 waiting on it at once.
 
-Over 450 lines on purpose: the engine types, the snapshot and their one writer
-stay together, so that every state an engine can be in, and every way into
-and out of it, reads in one module.
+The values it holds (`Engine`, `EngineSpec`, `EngineLoad`, `EngineState`,
+`ProbeResult`) live below it in `engine.py`.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from headcount import fleet_story
 from headcount.clock import Clock
-from headcount.outliers import NOT_EJECTED, Ejection, next_ejection, route_around
-from headcount.vllm_load import VllmLoad
+from headcount.fleet import story
+from headcount.fleet.engine import Engine, EngineLoad, EngineSpec, EngineState, ProbeResult
+from headcount.fleet.outliers import next_ejection, route_around
 
 if TYPE_CHECKING:
     from headcount.config import OutlierSettings
 
-__all__ = [
-    "Engine",
-    "EngineLoad",
-    "EngineSpec",
-    "EngineState",
-    "Fleet",
-    "FleetChange",
-    "ProbeResult",
-    "Snapshot",
-]
-
-
-class EngineState(enum.StrEnum):
-    """Where an engine stands; only READY engines are routed to."""
-
-    PENDING = "pending"
-    """Discovered, not probed yet: its served models are unknown."""
-    READY = "ready"
-    UNHEALTHY = "unhealthy"
-    """Probes fail, or the proxy could not connect to it (ejected until a probe succeeds)."""
-    SLEEPING = "sleeping"
-    """Labelled `sleeping=true`: known, probed, never routed."""
-    NOT_READY = "not_ready"
-    """Its source says it is not ready (a Service with no ready endpoint)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """What discovery knows about an engine: identity, address and the metadata it reads."""
-
-    id: str
-    """Stable identity: the pod or Service UID, or the URL for a static engine."""
-    name: str
-    """Human-readable name (pod name, Service name, URL); the `engine` metric label."""
-    url: str
-    source: str
-    """Which discovery source owns it; `reconcile` replaces one source's engines."""
-    model_label: str | None = None
-    sleeping: bool = False
-    ready: bool = True
-    lora_revision: str | None = None
-    """The `lora-modified` annotation: a new value means adapters changed."""
-    object_ref: str | None = None
-    resource_version: str | None = None
-    kv_events_port: int | None = None
-    """Where its KV-event publisher listens (a pod annotation), None: the router's default."""
-    kv_events_replay_port: int | None = None
-
-    def probe_key(self) -> tuple[object, ...]:
-        """The fields whose change requires a re-probe; other changes are bookkeeping."""
-        return (self.url, self.ready, self.model_label, self.sleeping, self.lora_revision)
-
-
-@dataclass(slots=True)
-class EngineLoad:
-    """What changes per request or per probe, mutated in place so no snapshot is rebuilt.
-
-    The proxy holds `in_flight` (released in `finally`, never reset) and counts
-    `requests` and `failures`; the prober writes the scraped gauges. One object
-    lives as long as its engine, shared by every snapshot that holds the engine.
-    """
-
-    in_flight: int = 0
-    requests: int = 0
-    failures: int = 0
-    consecutive_errors: int = 0
-    """5xx answers and gateway errors in a row (outlier detection); any other answer resets it."""
-    running: float = 0.0
-    """Scraped `vllm:num_requests_running`: every router's traffic, not only ours."""
-    waiting: float = 0.0
-    kv_usage: float | None = None
-    prefill_queued: int = 0
-    """Prompt tokens this router sent that the engine has not answered yet (no first byte),
-    less those predicted cached: the prefill work queued on it by us."""
-    prefix_cache_queries: float | None = None
-    """Scraped `vllm:prefix_cache_queries_total` (tokens), None until scraped."""
-    prefix_cache_hits: float | None = None
-    """Scraped `vllm:prefix_cache_hits_total` (tokens)."""
-    kv_capacity_blocks: int | None = None
-    """`num_gpu_blocks` of the scraped `vllm:cache_config_info`."""
-    kv_block_size: int | None = None
-    """`block_size` of the scraped `vllm:cache_config_info`."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """One probe of an engine: its `/v1/models` entries and scraped load, or why it failed."""
-
-    ok: bool
-    cards: tuple[Mapping[str, Any], ...] = ()
-    load: VllmLoad = field(default_factory=VllmLoad)
-    """What its `/metrics` said (all unknown when it had none)."""
-    error: str | None = None
-    inconclusive: bool = False
-    """The probe failed for the router's own reasons (a failed DNS lookup, no free fd): the
-    error is recorded, the engine's state is left as it was."""
-
-
-@dataclass(frozen=True, slots=True)
-class Engine:
-    """An engine as readers see it in one snapshot."""
-
-    spec: EngineSpec
-    load: EngineLoad
-    state: EngineState = EngineState.PENDING
-    cards: tuple[Mapping[str, Any], ...] = ()
-    probe_failures: int = 0
-    last_error: str | None = None
-    ejection: Ejection = NOT_EJECTED
-    """Outlier ejections: out of rotation while active (`Snapshot.ejected`)."""
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def url(self) -> str:
-        return self.spec.url
-
-    @property
-    def served(self) -> tuple[str, ...]:
-        """Model ids this engine answers to: base models and LoRA adapters."""
-        return tuple(str(card["id"]) for card in self.cards)
-
-    @property
-    def models(self) -> tuple[str, ...]:
-        return tuple(str(card["id"]) for card in self.cards if not card.get("parent"))
-
-    @property
-    def adapters(self) -> tuple[str, ...]:
-        return tuple(str(card["id"]) for card in self.cards if card.get("parent"))
-
-    @property
-    def routable(self) -> bool:
-        return self.state is EngineState.READY
+__all__ = ["Fleet", "FleetChange", "FleetListener", "Snapshot"]
 
 
 class Snapshot:
@@ -327,7 +191,7 @@ class Fleet:
         )
         for engine_id in removed:
             gone = self._engines.pop(engine_id)
-            fleet_story.removed(gone, removed_reason, failure=removal_is_failure)
+            story.removed(gone, removed_reason, failure=removal_is_failure)
         added: list[str] = []
         changed: list[str] = []
         unchanged = 0
@@ -358,7 +222,7 @@ class Fleet:
         gone = self._engines.pop(engine_id, None)
         if gone is None:
             return FleetChange()
-        fleet_story.removed(gone, reason, failure=failure)
+        story.removed(gone, reason, failure=failure)
         return self._publish(FleetChange(removed=(engine_id,)))
 
     def source_ids(self, source: str) -> frozenset[str]:
@@ -395,7 +259,7 @@ class Fleet:
                 last_error=None,
                 ejection=ejection,
             )
-            reason = fleet_story.state_reason(engine.spec)
+            reason = story.state_reason(engine.spec)
         elif result.inconclusive:
             updated, reason = replace(engine, last_error=result.error), ""
         else:
@@ -434,7 +298,7 @@ class Fleet:
         if engine.ejection.active(now):
             return False  # answers to requests sent before the ejection
         ejection = next_ejection(engine.ejection, now, reason, settings)
-        fleet_story.ejected(engine, ejection, now, settings.consecutive_errors)
+        story.ejected(engine, ejection, now, settings.consecutive_errors)
         self._store(replace(engine, ejection=ejection), ejected=True)
         self._publish_left()
         return True
@@ -452,7 +316,7 @@ class Fleet:
             return "unchanged"
         self._store(
             replace(current, spec=spec, state=_state_after_change(current, spec)),
-            reason=fleet_story.spec_change_reason(current.spec, spec),
+            reason=story.spec_change_reason(current.spec, spec),
         )
         return "changed"
 
@@ -461,9 +325,9 @@ class Fleet:
         previous = self._engines.get(engine.id)
         self._engines[engine.id] = engine
         if previous is None:
-            fleet_story.added(engine)
+            story.added(engine)
         else:
-            fleet_story.changed(previous, engine, reason)
+            story.changed(previous, engine, reason)
         self._version += 1
         self._stale = True
         if previous is not None and previous.routable and (ejected or not engine.routable):
@@ -498,11 +362,11 @@ class Fleet:
         self._ejection_ends = min((engine.ejection.until for engine in out), default=None)
         for engine_id in previous.ejected - ejected:
             if engine_id in snapshot.by_id:
-                fleet_story.ejection_over(snapshot.by_id[engine_id])
+                story.ejection_over(snapshot.by_id[engine_id])
         for model in snapshot.panicking - previous.panicking:
-            fleet_story.panic_started(model, percent)
+            story.panic_started(model, percent)
         for model in previous.panicking - snapshot.panicking:
-            fleet_story.panic_over(model)
+            story.panic_over(model)
 
 
 def _state_after_change(current: Engine, spec: EngineSpec) -> EngineState:

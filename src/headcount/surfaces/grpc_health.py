@@ -25,11 +25,11 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from headcount.health import HealthReport
+from headcount.surfaces.health import HealthReport
 
 __all__ = ["GrpcHealthServer"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("headcount.grpc_health")
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

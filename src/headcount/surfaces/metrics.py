@@ -29,10 +29,10 @@ from prometheus_client.metrics_core import Metric
 from headcount.clock import Clock
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
-from headcount.kv_views import IndexStatus, KvViews
+from headcount.fleet.outliers import REASONS as OUTLIER_REASONS
 from headcount.kvindex.stream import ClearReason
 from headcount.kvindex.trust import IndexTrust
-from headcount.outliers import REASONS as OUTLIER_REASONS
+from headcount.surfaces.kv_views import IndexStatus, KvViews
 
 __all__ = [
     "CLIENT_CLOSED",

@@ -17,7 +17,7 @@ ready, unhealthy); the prober logs a failure that changes no state once per
 engine until its reason changes, and the traceback of any exception that is
 not one an engine or the network can cause.
 
-Engine host names are looked up as the proxy does (`probe_resolver.py`: never
+Engine host names are looked up as the proxy does (`resolver.py`: never
 cached). A probe that fails for the router's own reasons, a failed lookup
 (`dns: ...`), no free fd, or a timeout that fired well past its time (the
 router's own event loop was blocked, so the answer may be sitting unread), is
@@ -40,13 +40,13 @@ from headcount._http.resolve import Resolver
 from headcount.clock import Sleep
 from headcount.config import DnsSettings, ProbeSettings
 from headcount.fleet import Engine, Fleet, FleetChange, ProbeResult
-from headcount.model_list import ModelListError, ModelListParser
-from headcount.probe_resolver import ProbeResolver
-from headcount.vllm_load import LoadParser, VllmLoad
+from headcount.fleet.vllm_load import LoadParser, VllmLoad
+from headcount.probe.model_list import ModelListError, ModelListParser
+from headcount.probe.resolver import ProbeResolver
 
 __all__ = ["ProbeError", "Prober"]
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("headcount.probe")
 
 _STEP = 4 * 1024
 """Bytes of an answer parsed between two turns of the event loop: well under a millisecond of

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from headcount.fleet import Engine, EngineSpec
-    from headcount.outliers import Ejection
+    from headcount.fleet.engine import Engine, EngineSpec
+    from headcount.fleet.outliers import Ejection
 
 __all__ = [
     "added",

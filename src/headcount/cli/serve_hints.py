@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from headcount.config import DiscoveryMode, Settings, backend_base_url
-from headcount.routing import RoutingName
+from headcount.config import DiscoveryMode, RoutingName, Settings, backend_base_url
 
 __all__ = ["BOOKMARK_INTERVAL", "serve_hints"]
 
