@@ -2,9 +2,9 @@
 
 `Proxy`, `start_server` and `start_local_server` (the admin port) are its
 surface (`dataplane.py`); inside, one module per concern: `admission` (which
-engine, or which error), `exchange` (one request's attempts, failover and
-streaming), `headers` (what crosses between client and engine), `errors` (the
-answers it gives itself).
+engine, which error, or what to await first), `exchange` (one request's
+attempts, failover and streaming), `headers` (what crosses between client and
+engine), `errors` (the answers it gives itself).
 """
 
 from headcount.proxy.dataplane import Proxy, start_local_server, start_server

@@ -1,26 +1,35 @@
-"""Admission: what a proxied request asks for, and which engine takes it, or why none does.
+"""Admission: which engine takes a proxied request, or why none does, or what to await first.
+
+One entry, `Admission.admit(request)`, and one typed result for every path:
+`Admitted` (the engine and the request's features), `Refused` (the answer to
+send and the model label to count it under), or `Later`, an awaitable that
+yields one of those two. The data plane awaits a `Later` in a task the
+client's leaving cancels; it sees what to await, never why, so another reason
+to wait is one more `Later`, not one more branch in the data plane.
 
 What routing needs of the JSON body (`model` and, only for a policy that asks
-through `Policy.key_source`, its affinity key) is read by `payload.py`: here on
-the loop for a small body (`admit`), in a worker process for a large one
-(`parsepool.py`, then `admit_read`); the body itself is forwarded byte for
-byte. The policy picks among `snapshot.candidates(model)`. The result is typed:
-`Admitted` (the engine and the request's features) or `Refused` (the answer to
-send and the model label to count it under). For the `kv-aware` policy the
-features carry the prompt (`routing.kv.KvRequest`): `PromptAdmission` gets its
-token ids first (`routing.kv.prompts`), with the router's tokenizer on the loop
-for a body up to `KvRouting.inline_tokenize_max`, else from one candidate's
-`POST /tokenize` (`AskEngine`: the data plane awaits it in a task, as it
-awaits a worker's parse); a body with no ids to be had is routed by load.
+through `Policy.key_source`, its affinity key) is read by `payload.py`: on the
+loop for a body up to `inline_parse_max`, else in a worker process
+(`parsepool.py`, a `Later`), so that no body stalls the loop; the body itself
+is forwarded byte for byte. The policy then picks among
+`snapshot.candidates(model)`, a pure decision (`_route`).
+
+For the `kv-aware` policy the features carry the prompt (`routing.kv.KvRequest`):
+its token ids come first (`routing.kv.prompts`), from the router's tokenizer on
+the loop for a body up to `KvRouting.inline_tokenize_max`, else from one
+candidate's `POST /tokenize` (a `Later`); a body with no ids to be had (read
+by a worker, too large to tokenize on the loop, or no answer from the engine)
+is routed by load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, NamedTuple
 
 from headcount._http.handler import Request
 from headcount._http.pool import Upstreams
+from headcount.config import ProxySettings
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.proxy import payload
 from headcount.proxy.errors import (
@@ -36,13 +45,14 @@ from headcount.proxy.errors import (
     unroutable,
 )
 from headcount.proxy.headers import find_header
+from headcount.proxy.parsepool import ParsePool
 from headcount.routing import LeastLoaded, Policy, RequestFeatures
 from headcount.routing.kv import KvAware
 from headcount.routing.kv.prompts import EngineTokenize, local_ids
 from headcount.surfaces.metrics import UNKNOWN_MODEL
 from headcount.tokens import PromptKind
 
-__all__ = ["Admitted", "AskEngine", "PromptAdmission", "Refused", "admit", "admit_read"]
+__all__ = ["Admission", "Admitted", "Later", "Refused"]
 
 
 class Admitted(NamedTuple):
@@ -59,6 +69,51 @@ class Refused(NamedTuple):
     label: str
 
 
+class Later(NamedTuple):
+    """A decision that must be awaited first (a worker's parse, an engine's `/tokenize`)."""
+
+    decision: Awaitable[Admitted | Refused]
+
+
+class Admission:
+    """Every proxied request's way to an engine; see the module docstring."""
+
+    def __init__(
+        self, fleet: Fleet, policy: Policy, settings: ProxySettings, upstreams: Upstreams
+    ) -> None:
+        """Routes within `fleet`'s snapshot with `policy`; large bodies are read by a pool of
+        `settings.parse_workers`; `upstreams` carry the `kv-aware` policy's `/tokenize`."""
+        self._fleet = fleet
+        self._policy = policy
+        self._inline_parse_max = settings.inline_parse_max
+        self._parser = ParsePool(settings.parse_workers, settings.parse_worker_memory)
+        self._kv = policy if isinstance(policy, KvAware) else None
+        self._prompts = None if self._kv is None else _Prompts(self._kv, upstreams)
+
+    def admit(self, request: Request) -> Admitted | Refused | Later:
+        """Route `request` now, or say what to await for its route."""
+        if len(request.body) > self._inline_parse_max:
+            # Parsing a large body could stall the loop: a worker process reads it.
+            return Later(self._read_large(request))
+        prompts = self._prompts
+        if prompts is not None:
+            return prompts.admit(request, self._fleet)
+        policy, headers = self._policy, request.headers
+        read = payload.read_payload(
+            request.body, policy.key_source, lambda name: find_header(headers, name)
+        )
+        return _route(read, self._fleet.snapshot, policy)
+
+    async def close(self) -> None:
+        """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
+        await self._parser.close()
+
+    async def _read_large(self, request: Request) -> Admitted | Refused:
+        policy = self._policy
+        read = await self._parser.read(request.body, policy.key_source, request.headers)
+        return _route(read, self._fleet.snapshot, policy, self._kv)
+
+
 _REFUSALS = {
     code: Refused(answer, UNKNOWN_MODEL)
     for code, answer in (
@@ -73,24 +128,15 @@ _REFUSALS = {
 }
 
 
-def admit(request: Request, snapshot: Snapshot, policy: Policy) -> Admitted | Refused:
-    """Route `request` within `snapshot` with `policy`, reading its body here and now."""
-    headers = request.headers
-    read = payload.read_payload(
-        request.body, policy.key_source, lambda name: find_header(headers, name)
-    )
-    return admit_read(read, snapshot, policy)
-
-
-def admit_read(
+def _route(
     read: payload.Outcome,
     snapshot: Snapshot,
     policy: Policy,
     kv: KvAware | None = None,
     prompt: Sequence[int] | None = None,
 ) -> Admitted | Refused:
-    """Route a request whose body was read already (`read` is `payload`'s outcome); for the
-    `kv-aware` policy (`kv`), with its prompt's token ids if known."""
+    """The policy's decision for a body already read (`read` is `payload`'s outcome); for
+    the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O, no waiting."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
@@ -110,15 +156,8 @@ _PROMPT_KINDS: dict[bytes, PromptKind] = {
 }
 
 
-class AskEngine(NamedTuple):
-    """A request whose prompt ids an engine's `/tokenize` must give first."""
-
-    body: dict[str, Any]
-    kind: PromptKind
-
-
-class PromptAdmission:
-    """Admission for the `kv-aware` policy: the prompt's token ids, then the policy."""
+class _Prompts:
+    """The `kv-aware` policy's part of admission: the prompt's token ids, then the policy."""
 
     def __init__(self, kv: KvAware, upstreams: Upstreams) -> None:
         routing = kv.routing
@@ -130,26 +169,28 @@ class PromptAdmission:
         )
         self._least_loaded = LeastLoaded()
 
-    def admit(self, request: Request, snapshot: Snapshot) -> Admitted | Refused | AskEngine:
-        """Route `request` now, or say which body an engine must tokenize first (`asked`)."""
+    def admit(self, request: Request, fleet: Fleet) -> Admitted | Refused | Later:
+        """Route a body small enough to read here, asking an engine for its ids if need be."""
         kv, body = self._kv, payload.parse_request(request.body)
         if isinstance(body, str):
-            return admit_read(body, snapshot, kv, kv)
+            return _route(body, fleet.snapshot, kv, kv)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
-            return admit_read((body["model"], None), snapshot, kv, kv)
+            return _route((body["model"], None), fleet.snapshot, kv, kv)
         tokenizer = self._tokenizer
         if tokenizer is None:
-            return AskEngine(body, kind)
+            return Later(self._asked(body, kind, fleet))
         ids = None
         if len(request.body) <= self._inline_max:
             ids = local_ids(body, kind, tokenizer)
-        return admit_read((body["model"], None), snapshot, kv, kv, ids)
+        return _route((body["model"], None), fleet.snapshot, kv, kv, ids)
 
-    async def asked(self, ask: AskEngine, fleet: Fleet) -> Admitted | Refused:
+    async def _asked(
+        self, body: dict[str, Any], kind: PromptKind, fleet: Fleet
+    ) -> Admitted | Refused:
         """Route after asking the least-loaded candidate for the prompt's ids."""
-        model: str = ask.body["model"]
+        model: str = body["model"]
         candidates = fleet.snapshot.candidates(model)
         engine = self._least_loaded.select(candidates, RequestFeatures(model))
-        ids = None if engine is None else await self._engines.ids(engine, ask.body, ask.kind)
-        return admit_read((model, None), fleet.snapshot, self._kv, self._kv, ids)
+        ids = None if engine is None else await self._engines.ids(engine, body, kind)
+        return _route((model, None), fleet.snapshot, self._kv, self._kv, ids)

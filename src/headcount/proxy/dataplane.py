@@ -9,13 +9,15 @@
     await proxy.close()                  # drop what is left, close upstream pools
 
 `POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` are proxied:
-`admission.admit` picks the engine (or the error to answer), and an `Exchange`
-carries the request to its end. A body over `inline_parse_max` is read by a
-worker process first (`parsepool.py`), so that no body stalls the loop. Every
-other request goes to the `LocalHandler` (`/v1/models`, `/engines`, health,
-metrics), none of which is hot. Clients are accepted by `_http/acceptor.py` on
-both listeners: running out of descriptors is counted in `resources`, never
-blamed on an engine.
+`Admission.admit` picks the engine (or the error to answer), and an `Exchange`
+carries the request to its end. When admission must wait first (a large body
+read by a worker process, an engine's `/tokenize` for the `kv-aware` policy),
+it says only what to await (`Later`): the data plane awaits it in a task that
+the client's leaving cancels, so that no request stalls the loop and a client
+that left waits for nothing. Every other request goes to the `LocalHandler`
+(`/v1/models`, `/engines`, health, metrics), none of which is hot. Clients are
+accepted by `_http/acceptor.py` on both listeners: running out of descriptors
+is counted in `resources`, never blamed on an engine.
 
 With client keys (`Credentials.client_keys`), every request but the health
 endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
@@ -23,13 +25,6 @@ endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
 `start_local_server` opens a second listener (the admin port) that serves only
 a `LocalHandler`, with no key; it stays open through the drain, so probes and
 scrapes are answered until the process ends.
-
-With the `kv-aware` policy (`routing.kv.KvAware`), a chat or completion
-request's prompt is tokenized before admission (`routing.kv.prompts`): on the
-loop with the router's tokenizer for a body up to its `inline_tokenize_max`,
-else by one candidate engine's `POST /tokenize` in a task, as a large body's
-parse is; a body read by a worker, or whose tokens cannot be had, is routed by
-load. Other policies skip all of it.
 
 The proxy keeps, per engine, the exchanges still waiting for its first byte;
 when the fleet says an engine left rotation or the fleet, those fail over at
@@ -55,8 +50,7 @@ import itertools
 import logging
 import os
 import resource
-from collections.abc import Awaitable, Coroutine
-from typing import Any
+from collections.abc import Awaitable
 
 from headcount._http.acceptor import ClientListener, listen
 from headcount._http.connections import ConnectionRegistry
@@ -71,20 +65,11 @@ from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
-from headcount.proxy.admission import (
-    Admitted,
-    AskEngine,
-    PromptAdmission,
-    Refused,
-    admit,
-    admit_read,
-)
+from headcount.proxy.admission import Admission, Admitted, Later, Refused
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY, ErrorAnswer
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
-from headcount.proxy.parsepool import ParsePool
 from headcount.routing import Policy
-from headcount.routing.kv import KvAware
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import UNKNOWN_MODEL, Metrics, whole
 
@@ -140,8 +125,6 @@ class Proxy:
             header_timeout=settings.client_header_timeout,
             send_timeout=settings.client_send_timeout,
         )
-        self._inline_parse_max = settings.inline_parse_max
-        self._parser = ParsePool(settings.parse_workers, settings.parse_worker_memory)
         self.upstreams = Upstreams(
             PoolOptions(
                 connect_timeout=settings.connect_timeout,
@@ -153,8 +136,7 @@ class Proxy:
                 dial=dial,
             )
         )
-        self._kv = policy if isinstance(policy, KvAware) else None
-        self._prompted = None if self._kv is None else PromptAdmission(self._kv, self.upstreams)
+        self._admission = Admission(fleet, policy, settings, self.upstreams)
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
@@ -222,7 +204,7 @@ class Proxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.sleep(0)  # the aborted connections' connection_lost release their upstreams
         self.upstreams.close()
-        await self._parser.close()
+        await self._admission.close()
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -301,43 +283,27 @@ class Proxy:
     def _forward(self, request: Request, responder: Responder) -> None:
         loop = self._loop or asyncio.get_running_loop()
         started = loop.time()
-        if len(request.body) > self._inline_parse_max:
-            # Parsing a large body could stall the loop: a worker process reads it.
-            self._forward_later(request, responder, self._read_large(request), loop, started)
-            return
-        prompted = self._prompted
-        if prompted is None:
-            self._proceed(
-                request, responder, admit(request, self.fleet.snapshot, self.policy), loop, started
-            )
-            return
-        decision = prompted.admit(request, self.fleet.snapshot)
-        if isinstance(decision, AskEngine):
-            later = prompted.asked(decision, self.fleet)
-            self._forward_later(request, responder, later, loop, started)
+        decision = self._admission.admit(request)
+        if isinstance(decision, Later):
+            self._forward_later(request, responder, decision.decision, loop, started)
         else:
             self._proceed(request, responder, decision, loop, started)
-
-    async def _read_large(self, request: Request) -> Admitted | Refused:
-        read = await self._parser.read(request.body, self.policy.key_source, request.headers)
-        return admit_read(read, self.fleet.snapshot, self.policy, self._kv)
 
     def _forward_later(
         self,
         request: Request,
         responder: Responder,
-        decision: Coroutine[Any, Any, Admitted | Refused],
+        decision: Awaitable[Admitted | Refused],
         loop: asyncio.AbstractEventLoop,
         started: float,
     ) -> None:
-        """Route once `decision` is made (by a worker, or an engine's `/tokenize`), in a task
-        the client's leaving cancels."""
+        """Route once `decision` is made, in a task the client's leaving cancels."""
 
         async def forward() -> None:
             try:
                 self._proceed(request, responder, await decision, loop, started)
             except Exception:
-                _log.exception("routing a request after reading its body failed")
+                _log.exception("routing a request after waiting for its admission failed")
                 responder.respond(500, JSON_HEADER, INTERNAL_ERROR_BODY)
 
         responder.attach(TaskExchange(self._spawn(forward())))
