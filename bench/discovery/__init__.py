@@ -1,0 +1,1 @@
+"""Kubernetes discovery at scale: `python -m bench.discovery` (the method: __main__.py)."""
