@@ -51,19 +51,20 @@ test: lint typecheck pytest
 demo: install
 	$(BIN)/headcount demo
 
+# Every suite runs as a module from the repository root: bench/README.md.
 bench: install
-	bash bench/peers.sh
-	$(BIN)/python bench/overhead.py
-	$(BIN)/python bench/discovery.py
-	$(BIN)/python bench/hostile.py
+	bash bench/common/peers.sh
+	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.discovery
+	$(BIN)/python -m bench.hostile
 
 # Hostile clients and engines against the real process (about 5 minutes).
 bench-hostile: install
-	$(BIN)/python bench/hostile.py
+	$(BIN)/python -m bench.hostile
 
 # The 10-minute chaos soak; exits non-zero when one of its checks fails.
 bench-soak: install
-	$(BIN)/python bench/soak.py
+	$(BIN)/python -m bench.soak
 
 # The router image (needs Docker); deploy/base runs $(IMAGE) as tagged by default.
 # For a registry: make image IMAGE=registry.example.com/platform/headcount:0.1.0
@@ -77,5 +78,5 @@ clean:
 
 # Routing quality against the peers' cache-aware routers and an oracle (~12 minutes).
 bench-routing: install
-	bash bench/peers.sh
-	$(BIN)/python bench/routing.py
+	bash bench/common/peers.sh
+	$(BIN)/python -m bench.routing

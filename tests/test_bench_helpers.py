@@ -7,16 +7,11 @@ body as 2-byte chunks without a Python loop per chunk.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-from _attacks import nested_arrays_body, two_byte_chunks
-from _chaos import covered
-from _hostile_report import percentile
+from bench.hostile.programs.attacks import nested_arrays_body, two_byte_chunks
+from bench.hostile.report import percentile
+from bench.soak.chaos import covered
 
 
 @pytest.mark.parametrize(

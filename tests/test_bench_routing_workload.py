@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-from _workload import WorkloadShape, arrivals, tenant_prompts
+from bench.routing.workload import WorkloadShape, arrivals, tenant_prompts
 
 SHAPE = WorkloadShape(tenants=4, system_words=50, max_turns=3)
 

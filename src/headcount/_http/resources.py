@@ -69,7 +69,7 @@ def release_large_allocations() -> bool:
     glibc raises its mmap threshold to the size of any mapped block that is freed (up to
     32 MiB), so after the first large request body every later one comes from the heap of
     the thread that joined it and stays resident once freed: 4 clients uploading 31 MiB
-    bodies left the router 238 MiB larger after they had gone (`bench/hostile.py`, phase
+    bodies left the router 238 MiB larger after they had gone (`bench/hostile/`, phase
     a). Setting the threshold turns that adjustment off. Reads and ordinary requests are
     far smaller, so the data plane's allocations are unchanged.
     """

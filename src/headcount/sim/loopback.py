@@ -14,12 +14,24 @@ from collections.abc import Sequence
 __all__ = ["free_port", "free_port_on_all"]
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that was free a moment ago."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+_handed_out: set[int] = set()
+
+
+def free_port(host: str = "127.0.0.1", *, attempts: int = 100) -> int:
+    """A TCP port on `host` that was free a moment ago and not handed out before in this process.
+
+    The kernel may offer a port again as soon as its probe socket closes, so two
+    ports asked for before either is bound (a router's and its metrics port)
+    could otherwise be the same one.
+    """
+    for _ in range(attempts):
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port: int = probe.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port on {host} that was not handed out before")
 
 
 def free_port_on_all(addresses: Sequence[str], *, attempts: int = 50) -> int:

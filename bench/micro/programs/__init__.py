@@ -1,0 +1,1 @@
+"""The micro-benchmarks' programs, each run as a process of its own (`python -m`)."""

@@ -1,0 +1,145 @@
+"""What the overhead suite measures: the targets (direct, headcount, the peers) and workloads."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common.harness import HEADCOUNT_BIN, headcount_at
+from bench.common.peers import PEERS_HINT, SGLANG_ROUTER, VLLM_ROUTER, sglang_router, vllm_router
+from headcount.config import DiscoveryMode, RoutingName
+from headcount.sim.cluster import RouterFlags, serve_command
+
+__all__ = [
+    "ENGINES",
+    "MODEL",
+    "STREAM_CHUNKS",
+    "TARGETS",
+    "WORKLOADS",
+    "FleetCheck",
+    "Launch",
+    "Target",
+    "Workload",
+    "baseline_target",
+]
+
+MODEL = "sim-model"
+ENGINES = 2
+STREAM_CHUNKS = 20
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where a router listens and what it routes to."""
+
+    port: int
+    metrics_port: int
+    """A spare free port: the peers open a Prometheus listener (29000 for both by default)."""
+    backends: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FleetCheck:
+    """Ready when `path` answers JSON holding one object per engine whose `key` is `value`."""
+
+    path: str
+    key: str
+    value: object
+
+
+@dataclass(frozen=True)
+class Target:
+    """One way to reach the engines: directly, or through a router that `command` starts."""
+
+    name: str
+    program: Path | None = None
+    """The installed executable; absent means the target is skipped. None: no router."""
+    command: Callable[[Launch], list[str]] | None = None
+    fleet_check: FleetCheck | None = None
+    """For routers that answer before every engine is registered."""
+    peer: bool = False
+    install_hint: str = ""
+
+
+def _headcount(launch: Launch, program: tuple[str, ...] = (str(HEADCOUNT_BIN),)) -> list[str]:
+    flags = RouterFlags(
+        discovery=DiscoveryMode.STATIC,
+        backends=launch.backends,
+        routing=RoutingName.ROUND_ROBIN,
+    )
+    return serve_command(flags, host="127.0.0.1", port=launch.port, program=program)
+
+
+def baseline_target(rev: str, out_dir: Path) -> Target:
+    """headcount as it was at git revision `rev`, measured beside today's in the same rounds."""
+    commit, program = headcount_at(rev, out_dir)
+    return Target(
+        f"headcount@{commit}",
+        program=Path(sys.executable),
+        command=functools.partial(_headcount, program=program),
+        fleet_check=FleetCheck("/engines", "state", "ready"),
+    )
+
+
+def _vllm_router(launch: Launch) -> list[str]:
+    return vllm_router(launch.port, launch.metrics_port, launch.backends, "round_robin")
+
+
+def _sglang_router(launch: Launch) -> list[str]:
+    return sglang_router(launch.port, launch.metrics_port, launch.backends, "round_robin")
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("direct"),
+    Target(
+        "headcount",
+        program=HEADCOUNT_BIN,
+        command=_headcount,
+        fleet_check=FleetCheck("/engines", "state", "ready"),
+        install_hint="run `make install`",
+    ),
+    Target(
+        "vllm-router",
+        program=VLLM_ROUTER,
+        command=_vllm_router,
+        peer=True,
+        install_hint=PEERS_HINT,
+    ),
+    Target(
+        "sglang-router",
+        program=SGLANG_ROUTER,
+        command=_sglang_router,
+        fleet_check=FleetCheck("/workers", "is_healthy", True),
+        peer=True,
+        install_hint=PEERS_HINT,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    connections: int
+    stream: bool
+
+    def body(self) -> bytes:
+        return json.dumps(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": STREAM_CHUNKS,
+                "stream": self.stream,
+            }
+        ).encode()
+
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload("chat-c32", "chat, non-streaming, 32 connections", 32, stream=False),
+    Workload("chat-c128", "chat, non-streaming, 128 connections", 128, stream=False),
+    Workload("stream-c32", f"chat, streaming {STREAM_CHUNKS} chunks, 32 connections", 32, True),
+)

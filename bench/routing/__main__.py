@@ -1,0 +1,184 @@
+"""`python -m bench.routing`: the routing suite's command line (the method: __init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import routing
+from bench.common.harness import BENCH, OUT, BenchError, run_benchmark, say
+from bench.common.peers import PEERS_HINT
+from bench.common.processes import Processes
+from bench.routing.fleet import (
+    ENGINES,
+    KV_BLOCKS,
+    PREFILL_TOKENS_PER_S,
+    TOKEN_DELAY_S,
+    start_engines,
+)
+from bench.routing.report import (
+    Recovery,
+    Row,
+    highest_load_summary,
+    plot,
+    render_recoveries,
+    render_table,
+)
+from bench.routing.run import FAULTS, Settings, run_target
+from bench.routing.targets import TARGETS
+from bench.routing.workload import WorkloadShape
+
+PLOT_NAME = "routing-ttft-p90.png"
+"""Beside bench/RESULTS.md, which shows it; each run's own copy goes with its report."""
+_DESCRIPTION = routing.__doc__.splitlines()[0] if routing.__doc__ else None
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.routing", description=_DESCRIPTION)
+    parser.add_argument(
+        "--quick", action="store_true", help="a ~2-minute smoke run: one rate, short windows"
+    )
+    parser.add_argument(
+        "--rates", help="comma list of request rates, req/s (default 3,7,11; quick 7)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        help="unmeasured requests sent first in each run (default 60; quick 20)",
+    )
+    parser.add_argument(
+        "--duration", type=float, help="measured seconds per run (default 14; quick 6)"
+    )
+    parser.add_argument(
+        "--drain", type=float, default=15.0, help="seconds a request may outlive the last send"
+    )
+    parser.add_argument("--targets", default=",".join(t.name for t in TARGETS), help="comma list")
+    parser.add_argument(
+        "--require-peers", action="store_true", help="fail instead of skipping a missing peer"
+    )
+    parser.add_argument("--out", type=Path, default=OUT, help="report directory")
+    parser.add_argument(
+        "--no-netns", action="store_true", help="stay in the host's network namespace"
+    )
+    parser.add_argument(
+        "--fault",
+        choices=sorted(FAULTS),
+        help="inject this KV-event stream fault into one engine a third into each window "
+        "and report TTFT's recovery (use a longer --duration, e.g. 36)",
+    )
+    return parser.parse_args(argv)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    by_name = {target.name: target for target in TARGETS}
+    names = [name.strip() for name in args.targets.split(",") if name.strip()]
+    if unknown := [name for name in names if name not in by_name]:
+        raise BenchError(f"unknown targets {unknown}; choose from {', '.join(by_name)}")
+    targets = []
+    for target in (by_name[name] for name in names):
+        if target.program.exists():
+            targets.append(target)
+        elif target.peer and not args.require_peers:
+            say(f"skipping {target.name}: {target.program} not found ({PEERS_HINT})")
+        else:
+            raise BenchError(f"{target.name}: {target.program} not found")
+    rates = args.rates or ("7" if args.quick else "3,7,11")
+    return Settings(
+        rates=tuple(float(rate) for rate in rates.split(",")),
+        warmup_requests=args.warmup if args.warmup is not None else (20 if args.quick else 60),
+        duration_s=args.duration if args.duration is not None else (6.0 if args.quick else 14.0),
+        drain_s=args.drain,
+        targets=tuple(targets),
+        require_peers=args.require_peers,
+        out_dir=args.out,
+        shape=WorkloadShape(),
+        fault=args.fault,
+    )
+
+
+def _report(
+    rows: Sequence[Row],
+    recoveries: Sequence[Recovery],
+    skipped: dict[str, str],
+    settings: Settings,
+    started: str,
+    took_s: float,
+) -> str:
+    shape = settings.shape
+    notes = [f"- {name} not measured: {reason}" for name, reason in skipped.items()]
+    return "\n".join(
+        [
+            f"# Routing quality, {started} UTC",
+            "",
+            f"- machine: {os.cpu_count()} CPUs, Linux {platform.release()}, "
+            f"Python {platform.python_version()}; took {took_s:.0f} s",
+            f"- fleet: {ENGINES} sim-engines, --kv-blocks {KV_BLOCKS} --block-size 16 "
+            f"--prefill-tokens-per-s {PREFILL_TOKENS_PER_S} --token-delay {TOKEN_DELAY_S}",
+            f"- workload: {shape}",
+            f"- per run: caches reset, warm-up {settings.warmup_requests} requests, "
+            f"{settings.duration_s:g} s measured, "
+            f"drain {settings.drain_s:g} s; Poisson arrivals, open loop",
+            "",
+            render_table(rows),
+            "",
+            *notes,
+            "",
+            highest_load_summary(rows),
+            "",
+            render_recoveries(recoveries),
+            "",
+        ]
+    )
+
+
+def _run(settings: Settings) -> int:
+    started = datetime.datetime.now(datetime.UTC)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    log_dir = settings.out_dir / f"routing-{stamp}-logs"
+    rows: list[Row] = []
+    recoveries: list[Recovery] = []
+    skipped: dict[str, str] = {}
+    began = time.monotonic()
+    with Processes(log_dir) as procs:
+        engines = start_engines(procs)
+        for target in settings.targets:
+            try:
+                rows += run_target(procs, target, engines, settings, recoveries)
+            except BenchError as error:
+                skipped[target.name] = str(error).splitlines()[0]
+                say(f"{target.name} not measured: {error}")
+    report = _report(
+        rows,
+        recoveries,
+        skipped,
+        settings,
+        started.strftime("%Y-%m-%d %H:%M"),
+        time.monotonic() - began,
+    )
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    (settings.out_dir / f"routing-{stamp}.md").write_text(report)
+    plot(rows, [settings.out_dir / f"routing-{stamp}.png", BENCH / PLOT_NAME])
+    print(report)
+    say(f"report: {settings.out_dir / f'routing-{stamp}.md'}\nlogs: {log_dir}")
+    by_name = {target.name: target for target in settings.targets}
+    fatal = [
+        name
+        for name in skipped
+        if name.startswith("headcount") or (by_name[name].peer and settings.require_peers)
+    ]
+    return 1 if fatal else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    return run_benchmark(lambda: _run(_settings(args)), args.no_netns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
