@@ -17,8 +17,8 @@ import pytest
 from headcount.config import ConfigError, ProxySettings
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.tokens import builtin_tokenizer
-from tests.kv_event_index import EventIndex
 from tests.support import blackholed_listener
+from tests.support.kv_event_index import EventIndex
 from tests.test_kv_proxy import BS, ENGINES, QUESTIONS, ask, kv_policy, record
 from tests.test_proxy import CHAT, MODEL, SETTINGS, chat, routed, sim
 

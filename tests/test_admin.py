@@ -24,8 +24,8 @@ from headcount.kvindex.trust import IndexTrust
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.surfaces.metrics import Metrics
-from tests.kv_view_double import FakeIndexView
 from tests.support import KV_METRIC_LABELS
+from tests.support.kv_view_double import FakeIndexView
 
 __all__: list[str] = []
 

@@ -13,7 +13,7 @@ from headcount.sim.apiserver.kubelet import POD_IP_ANNOTATION, Kubelet, address_
 from headcount.sim.apiserver.resources import PODS
 from headcount.sim.apiserver.store import Store
 from headcount.sim.apiserver.writes import apply_as
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
 from tests.test_sim_apiserver import refused
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -138,7 +138,7 @@ async def test_admin_port_edits_the_cluster_while_the_api_port_refuses(sim: ApiS
         await wait_until(lambda: sim.pods()[0]["status"]["phase"] == "Running", timeout=5)
         async with http.post(f"{admin}/_sim/faults/refuse", json={"seconds": 60}) as response:
             assert response.status == 200
-        await wait_until_async(lambda: refused(sim.url), timeout=5, what="the refusal")
+        await wait_until(lambda: refused(sim.url), timeout=5, what="the refusal")
         async with http.delete(f"{admin}/_sim/objects/pods/default/engine-0") as response:
             assert (await response.json())["refusing"] is True
         assert sim.pods() == []

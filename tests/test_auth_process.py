@@ -23,7 +23,7 @@ import pytest
 
 from headcount.sim.cluster import PYTHON_CLI, RouterClient
 from headcount.sim.loopback import free_port
-from tests.support import wait_until_async
+from tests.support import wait_until
 
 __all__: list[str] = []
 
@@ -127,7 +127,7 @@ async def test_serve_with_keys_and_an_admin_port_reloads_on_sighup_and_logs_no_k
                     return False
                 return bool((await admin.health())["engines"]["routable"] == 1)
 
-            await wait_until_async(routable, timeout=20, what="the keyed engine routable")
+            await wait_until(routable, timeout=20, what="the keyed engine routable")
             assert await chat(sdk)
             for path in ("/engines", "/metrics", "/livez", "/readyz", "/health"):
                 # On the API port: not there for a client with a key; health needs no key.
@@ -153,7 +153,7 @@ async def test_serve_with_keys_and_an_admin_port_reloads_on_sighup_and_logs_no_k
                 except openai.AuthenticationError:
                     return False
 
-            await wait_until_async(reloaded, timeout=10, what="the rotated key admitted")
+            await wait_until(reloaded, timeout=10, what="the rotated key admitted")
             refused_before = await refused_count(admin)
             with pytest.raises(openai.AuthenticationError):
                 await chat(sdk)

@@ -34,7 +34,7 @@ from headcount.config import (
 from headcount.fleet import Fleet
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.sim.loopback import free_port
-from tests.support import EngineConnection, raw_engine, wait_until, wait_until_async
+from tests.support import EngineConnection, raw_engine, wait_until
 
 __all__: list[str] = []
 
@@ -137,7 +137,7 @@ async def router_before(
             return status == 200
 
         try:
-            await wait_until_async(listening, what="the router listening")
+            await wait_until(listening, what="the router listening")
             yield running
         finally:
             running.stop.set()
@@ -306,7 +306,7 @@ async def test_client_keys_reload_when_the_file_changes(
         async def rotated() -> bool:
             return await running.chat(OTHER_CLIENT_KEY) == 200
 
-        await wait_until_async(rotated, what="the new key admitted")
+        await wait_until(rotated, what="the new key admitted")
         assert await running.chat(CLIENT_KEY) == 401
         replace_file(running.keys_file, "")  # emptied, as a file half rewritten in place
         await wait_until(lambda: "no key in the file" in caplog.text, what="the bad file reported")
@@ -405,7 +405,7 @@ async def test_an_engine_requiring_a_key_is_probed_and_served_with_it(tmp_path: 
     config = EngineSimConfig(model=MODEL, api_key=ENGINE_KEY)
     async with running_engine(config) as engine:
         async with router_before([engine.url], tmp_path) as keyless:
-            await wait_until_async(
+            await wait_until(
                 lambda: engine_error(keyless, "HTTP 401"), what="the engine probed without a key"
             )
             assert await keyless.chat(CLIENT_KEY) == 503
@@ -531,7 +531,7 @@ async def test_the_admin_port_answers_through_the_drain(tmp_path: Path) -> None:
                     return True
                 return False
 
-            await wait_until_async(data_port_closed, what="the data port closed by the drain")
+            await wait_until(data_port_closed, what="the data port closed by the drain")
             status, _, _ = await running.get("/readyz", admin=True)
             assert status == 503
             status, _, _ = await running.get("/livez", admin=True)

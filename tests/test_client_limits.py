@@ -30,7 +30,7 @@ from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.sim.loopback import free_port
 from headcount.surfaces.health import Status, evaluate
 from headcount.surfaces.metrics import Metrics
-from tests.support import EngineConnection, raw_engine, wait_until, wait_until_async
+from tests.support import EngineConnection, raw_engine, wait_until
 
 TIMEOUT = 10.0
 MODEL = "m"
@@ -204,7 +204,7 @@ async def test_running_out_of_descriptors_is_counted_shown_and_survived(tmp_path
         )
         client = RouterClient(f"http://127.0.0.1:{port}", timeout=2.0)
         try:
-            await wait_until_async(lambda: client.status_of("/livez"), timeout=TIMEOUT)
+            await wait_until(lambda: client.status_of("/livez"), timeout=TIMEOUT)
             clients = []
             for _ in range(90):  # more than the router has descriptors for
                 sock = socket.socket()
@@ -224,7 +224,7 @@ async def test_running_out_of_descriptors_is_counted_shown_and_survived(tmp_path
                     'headcount_local_resource_errors_total{resource="fds"}'
                 )
 
-            assert await wait_until_async(counted, timeout=TIMEOUT) > 0
+            assert await wait_until(counted, timeout=TIMEOUT) > 0
             health = await client.health()
             assert health["status"] == "degraded"
             assert any("out of file descriptors" in reason for reason in health["reasons"])

@@ -23,7 +23,7 @@ from headcount.kvevents import (
 )
 from headcount.kvindex.index import EngineIndex
 from headcount.kvindex.keys import block_keys
-from tests.kv_fixtures import VERSIONS, fixture, frames_of
+from tests.support.kv_fixtures import VERSIONS, fixture, frames_of
 
 __all__: list[str] = []
 

@@ -21,8 +21,8 @@ from headcount.config import RoutingName
 from headcount.routing import Policy, make_policy
 from headcount.routing.kv import KvRouting
 from headcount.tokens import ChatTokenizer, builtin_tokenizer
-from tests.kv_event_index import EventIndex
 from tests.support import raw_engine, wait_until
+from tests.support.kv_event_index import EventIndex
 from tests.test_proxy import CHAT, MODEL, Routed, Silent, routed, sim
 
 BS = 4

@@ -19,7 +19,7 @@ from headcount.kvindex.keys import block_keys
 from headcount.kvindex.registry import KvIndexes
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust
-from tests.support import wait_until_async
+from tests.support import wait_until
 
 __all__: list[str] = []
 
@@ -90,7 +90,7 @@ async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
     async def started() -> bool:
         return any(engine_url_host in s.target.endpoint for s in FakeSubscriber.started)
 
-    await wait_until_async(started, timeout=5, what=f"a subscriber for {engine_url_host}")
+    await wait_until(started, timeout=5, what=f"a subscriber for {engine_url_host}")
     return next(s for s in FakeSubscriber.started if engine_url_host in s.target.endpoint)
 
 
@@ -139,7 +139,7 @@ async def test_a_removed_engine_leaves_nothing_behind(
     answered(indexes, 12)
     assert indexes.match("a", KEYS) == 4
     fleet.reconcile("static", [])
-    await wait_until_async(lambda: _true(a.cancelled), timeout=5, what="the subscriber cancelled")
+    await wait_until(lambda: _true(a.cancelled), timeout=5, what="the subscriber cancelled")
     assert indexes.views() == {}
     assert indexes.match("a", KEYS) is None
     assert indexes.block_size("a") is None
@@ -156,7 +156,7 @@ async def test_new_ports_mean_a_new_subscriber_and_an_empty_index(
     fleet.upsert(spec("a", "http://10.0.0.1:8000", kv_events_port=7000))
     indexes.tick()
     new = await subscriber_of(":7000")
-    await wait_until_async(lambda: _true(old.cancelled), timeout=5, what="the old one cancelled")
+    await wait_until(lambda: _true(old.cancelled), timeout=5, what="the old one cancelled")
     new.sink.connected(True)
     assert indexes.match("a", KEYS) == 0
 
@@ -358,7 +358,7 @@ async def test_a_crashed_subscriber_is_started_again(
     async def twice() -> bool:
         return sum("10.0.0.3" in s.target.endpoint for s in FakeSubscriber.started) == 2
 
-    await wait_until_async(twice, timeout=5, what="the subscriber started again")
+    await wait_until(twice, timeout=5, what="the subscriber started again")
 
 
 def scrape(fleet: Fleet, indexes: KvIndexes, hits: float) -> None:

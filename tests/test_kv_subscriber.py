@@ -30,7 +30,7 @@ from headcount.kvindex.subscriber import EventSubscriber
 from headcount.sim.engine.kv_events_config import KvEventsConfig
 from headcount.sim.engine.kv_publisher import KvEventPublisher
 from headcount.sim.loopback import free_port
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
 
 TOPIC = "kv-events"
 REPLAY_TIMEOUT = 0.5
@@ -528,7 +528,7 @@ async def test_the_socket_of_an_abandoned_replay_is_closed() -> None:
                 return exc.errno == zmq.EHOSTUNREACH
             return False
 
-        await wait_until_async(gone, what="the abandoned DEALER disconnected")
+        await wait_until(gone, what="the abandoned DEALER disconnected")
 
 
 async def test_live_batches_held_during_a_replay_are_bounded_and_the_rest_replayed() -> None:

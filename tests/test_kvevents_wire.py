@@ -27,7 +27,7 @@ from headcount.kvevents import (
     replay_reply,
     replay_request,
 )
-from tests.kv_fixtures import (
+from tests.support.kv_fixtures import (
     TOPIC,
     VERSIONS,
     expected_batches,

@@ -2,8 +2,9 @@
 
 Engines are `headcount.sim.engine` instances (real aiohttp servers) or, where a
 test needs to see or send exact bytes, the scripted `RawEngine` of
-tests/support.py. Clients are aiohttp, raw sockets, the official `openai` SDK and
-curl. The fleet is built as discovery would build it, then marked probed.
+tests/support/raw_engine.py. Clients are aiohttp, raw sockets, the official
+`openai` SDK and curl. The fleet is built as discovery would build it, then
+marked probed.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ from headcount.routing.kv import KvRequest
 from headcount.routing.kv.prompts import EngineTokenize
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
-from tests.kv_event_index import EventIndex
 from tests.support import EngineConnection, raw_engine
+from tests.support.kv_event_index import EventIndex
 
 BS = 4
 TIMEOUT = aiohttp.ClientTimeout(total=10)

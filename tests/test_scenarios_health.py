@@ -50,7 +50,7 @@ from headcount.sim.cluster import (
     sim_cluster,
 )
 from headcount.sim.loopback import free_port
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
 
 __all__: list[str] = []
 
@@ -118,7 +118,7 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
     ):
         api, client = cluster.api, router.client
         for each in (router, strict):
-            await wait_until_async(
+            await wait_until(
                 functools.partial(has_status, each, "ok"), timeout=10, what="synced and probed"
             )
         assert await client.status_of("/readyz") == 200
@@ -127,7 +127,7 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
         await api.blackhole()
         blinded = time.monotonic()
         # The wait outlasts the bound, so the bound is checked on when degraded was first seen.
-        await wait_until_async(
+        await wait_until(
             lambda: has_status(router, "degraded"),
             timeout=STALE_AFTER + 10,
             interval=0.05,
@@ -135,7 +135,7 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
         )
         degraded_after = time.monotonic() - blinded
         assert degraded_after <= STALE_AFTER + 2, f"degraded {degraded_after:.2f}s after blinding"
-        await wait_until_async(
+        await wait_until(
             lambda: has_status(strict, "degraded"), timeout=2, what="strict router degraded"
         )
 
@@ -166,7 +166,7 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
 
         await api.restore()
         for each in (router, strict):
-            await wait_until_async(
+            await wait_until(
                 functools.partial(has_status, each, "ok"), timeout=5, what="ok after restore"
             )
         assert await strict.client.status_of("/readyz") == 200
@@ -194,7 +194,7 @@ async def test_health_is_unavailable_until_the_first_sync(tmp_path: Path) -> Non
             assert await client.status_of("/livez") == 200
 
             await cluster.api.restore()
-            await wait_until_async(
+            await wait_until(
                 lambda: has_status(router, "ok"), timeout=10, what="ok once the API answers"
             )
             assert await client.status_of("/health") == 200
@@ -227,7 +227,7 @@ async def test_grpc_readiness_fails_on_sigterm_while_liveness_serves(tmp_path: P
                 async def ready_serving() -> bool:
                     return bool(await grpc_check(stub, "readiness") == SERVING)
 
-                await wait_until_async(ready_serving, timeout=10, what="gRPC readiness SERVING")
+                await wait_until(ready_serving, timeout=10, what="gRPC readiness SERVING")
                 assert await grpc_check(stub, "liveness") == SERVING
                 assert await grpc_check(stub, "") == SERVING
 
@@ -237,7 +237,7 @@ async def test_grpc_readiness_fails_on_sigterm_while_liveness_serves(tmp_path: P
                 async def ready_not_serving() -> bool:
                     return bool(await grpc_check(stub, "readiness") == NOT_SERVING)
 
-                await wait_until_async(ready_not_serving, timeout=1, what="readiness NOT_SERVING")
+                await wait_until(ready_not_serving, timeout=1, what="readiness NOT_SERVING")
                 assert await grpc_check(stub, "") == NOT_SERVING
                 assert await grpc_check(stub, "liveness") == SERVING
                 assert time.monotonic() - signalled < 1.5, "checked after the drain delay"
@@ -327,7 +327,7 @@ async def in_process_router(
     task = asyncio.create_task(router.run(stop))
     client = RouterClient(f"http://127.0.0.1:{port}")
     try:
-        await wait_until_async(lambda: client.get("/readyz"), timeout=5, what="router listening")
+        await wait_until(lambda: client.get("/readyz"), timeout=5, what="router listening")
         yield client
     finally:
         stop.set()
@@ -344,7 +344,7 @@ async def test_a_wedged_discovery_loop_fails_liveness_within_the_bound() -> None
             return await client.status_of("/livez") == 503
 
         # The wait outlasts the bound, so the bound is checked on when 503 was first seen.
-        await wait_until_async(
+        await wait_until(
             dead, timeout=dead_after + 10, interval=0.05, what="/livez 503 on a wedged loop"
         )
         dead_for = time.monotonic() - started
@@ -373,7 +373,7 @@ async def test_a_real_reflector_hung_on_a_call_without_timeout_fails_liveness() 
         async def dead() -> bool:
             return await client.status_of("/livez") == 503
 
-        await wait_until_async(dead, timeout=dead_after + 2, what="/livez 503 on a hung reflector")
+        await wait_until(dead, timeout=dead_after + 2, what="/livez 503 on a hung reflector")
         status, text = await client.get("/livez?verbose")
         assert status == 503
         assert "[-]discovery:hung failed: discovery loop hung made no progress" in text

@@ -33,7 +33,7 @@ from headcount.sim.cluster import (
     sim_cluster,
     steady_traffic,
 )
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
 
 MODEL = "sim-model"
 NAMESPACE = "llm"
@@ -175,7 +175,7 @@ async def within(
     """Wait for `condition` at most `seconds`; return how long it took; the log on failure."""
     started = time.monotonic()
     try:
-        await wait_until_async(condition, timeout=seconds, interval=0.05, what=what)
+        await wait_until(condition, timeout=seconds, interval=0.05, what=what)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n--- router log ---\n{router.log()}") from None
     return time.monotonic() - started

@@ -31,7 +31,7 @@ from headcount.sim.cluster import RouterFlags, RouterProcess, Timings, hosts, si
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine, start_engine
 from headcount.sim.engine.kv_events_config import KvEventsConfig
 from headcount.sim.loopback import free_port_on_all
-from tests.support import wait_until_async
+from tests.support import wait_until
 
 __all__: list[str] = []
 
@@ -103,7 +103,7 @@ async def kv_fleet(*publishing: bool, prefix: str = "127.0.5") -> AsyncIterator[
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
         )
         fleet = Fleet(router, engines, session)
-        await wait_until_async(
+        await wait_until(
             lambda: _states_are(fleet, dict.fromkeys(names, "ready"), field="state"),
             timeout=TIMEOUT,
             what="every engine ready",
@@ -187,7 +187,7 @@ async def _states_are(fleet: Fleet, wanted: dict[str, str], *, field: str = "kv"
 
 
 async def wait_for_kv(fleet: Fleet, what: str, **wanted: str) -> None:
-    await wait_until_async(lambda: _states_are(fleet, wanted), timeout=TIMEOUT, what=what)
+    await wait_until(lambda: _states_are(fleet, wanted), timeout=TIMEOUT, what=what)
 
 
 async def indexed_blocks(fleet: Fleet, name: str) -> int:
@@ -198,7 +198,7 @@ async def wait_indexed(fleet: Fleet, name: str, blocks: int) -> None:
     async def enough() -> bool:
         return await indexed_blocks(fleet, name) >= blocks
 
-    await wait_until_async(enough, timeout=TIMEOUT, what=f"{name}'s index to hold {blocks} blocks")
+    await wait_until(enough, timeout=TIMEOUT, what=f"{name}'s index to hold {blocks} blocks")
 
 
 async def metric(fleet: Fleet, family: str, **labels: str) -> float:
@@ -243,7 +243,7 @@ async def test_a_gap_the_replay_fills_keeps_the_index_synced_and_complete() -> N
         tags = ["dropped-1", "dropped-2", "sent"]
         for tag in tags:
             await warm_directly(fleet, "a", system_prompt(tag))
-        await wait_until_async(
+        await wait_until(
             lambda: _at_least(fleet, "headcount_kv_replays_total", 1, outcome="filled"),
             timeout=TIMEOUT,
             what="a filled replay",
@@ -261,7 +261,7 @@ async def test_a_gap_the_replay_cannot_fill_clears_the_index_and_routing_heals()
         await fault(fleet, "a", drop=2, replay=False)
         for tag in ("lost-1", "lost-2", "seen"):
             await warm_directly(fleet, "a", system_prompt(tag))
-        await wait_until_async(
+        await wait_until(
             lambda: _at_least(fleet, "headcount_kv_index_clears_total", 1, reason="gap"),
             timeout=TIMEOUT,
             what="the index cleared for an unfillable gap",
@@ -306,7 +306,7 @@ async def test_an_engine_restart_clears_its_index() -> None:
         await wait_indexed(fleet, "a", cached // BLOCK)
         await fault(fleet, "a", restart=True)
         await warm_directly(fleet, "a", system_prompt("after-restart"))
-        await wait_until_async(
+        await wait_until(
             lambda: _at_least(fleet, "headcount_kv_index_clears_total", 1, reason="restart"),
             timeout=TIMEOUT,
             what="the index cleared for the restart",
@@ -355,9 +355,9 @@ async def test_an_engine_removed_by_discovery_leaves_no_index_behind(tmp_path: P
             async def pods_synced() -> bool:
                 return await kv_states() == {"default/pod-a": "synced", "default/pod-b": "synced"}
 
-            await wait_until_async(pods_synced, timeout=TIMEOUT, what="both pods' indexes synced")
+            await wait_until(pods_synced, timeout=TIMEOUT, what="both pods' indexes synced")
             await warm_directly(fleet, "pod-a", system_prompt("gone-soon"))
-            await wait_until_async(
+            await wait_until(
                 lambda: _at_least(fleet, "headcount_kv_index_blocks", 1, engine="default/pod-a"),
                 timeout=TIMEOUT,
                 what="pod-a's blocks indexed",
@@ -368,7 +368,7 @@ async def test_an_engine_removed_by_discovery_leaves_no_index_behind(tmp_path: P
                 text = await router.client.metrics()
                 return "default/pod-a" not in text and "default/pod-b" in text
 
-            await wait_until_async(forgotten, timeout=TIMEOUT, what="pod-a's series gone")
+            await wait_until(forgotten, timeout=TIMEOUT, what="pod-a's series gone")
             assert await kv_states() == {"default/pod-b": "synced"}
 
 

@@ -16,7 +16,7 @@ import pytest
 from headcount.config import DiscoveryMode
 from headcount.sim.apiserver import make_endpointslice, make_service
 from headcount.sim.cluster import RouterProcess, Timings, hosts, sim_cluster
-from tests.support import wait_until_async
+from tests.support import wait_until
 
 __all__: list[str] = []
 
@@ -42,7 +42,7 @@ async def test_a_pinned_service_name_carries_a_chat_to_its_engine(tmp_path: Path
             resolve=(f"vllm.{cluster.namespace}={address}",),
         )
         async with RouterProcess(flags) as router:
-            await wait_until_async(
+            await wait_until(
                 lambda: router.client.routable(MODEL), timeout=10, what="the Service routable"
             )
             status, body = await router.client.chat(MODEL)

@@ -23,7 +23,7 @@ import pytest
 from headcount.config import DiscoveryMode
 from headcount.sim.cluster import RouterFlags, RouterProcess, Timings
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
 
 __all__: list[str] = []
 
@@ -51,7 +51,7 @@ async def router_before(
             body = await router.client.health()
             return bool(body["status"] == "ok")
 
-        await wait_until_async(routable, timeout=10, what="engine probed and routable")
+        await wait_until(routable, timeout=10, what="engine probed and routable")
         yield router
 
 
@@ -140,7 +140,7 @@ async def test_sigterm_fails_readiness_keeps_serving_then_lets_the_stream_finish
         async def not_ready() -> bool:
             return await router.client.status_of("/readyz") == 503
 
-        await wait_until_async(not_ready, timeout=0.5, interval=0.02, what="/readyz 503")
+        await wait_until(not_ready, timeout=0.5, interval=0.02, what="/readyz 503")
         assert await router.client.status_of("/livez") == 200
         status, _ = await router.client.chat(MODEL, max_tokens=1)
         assert status == 200, "new requests are served during the drain delay"
@@ -171,7 +171,7 @@ async def test_after_the_drain_delay_new_connections_are_refused_while_streams_f
         await asyncio.wait_for(stream.started.wait(), 5)
 
         router.process.send_signal(signal.SIGTERM)
-        await wait_until_async(
+        await wait_until(
             lambda: refuses_connections(router.port),
             timeout=drain_delay + 2,
             what="listener closed",
@@ -221,7 +221,7 @@ async def test_a_second_signal_skips_the_rest_of_the_drain() -> None:
         async def draining() -> bool:
             return await router.client.status_of("/readyz") == 503
 
-        await wait_until_async(draining, timeout=5, what="the first signal taken")
+        await wait_until(draining, timeout=5, what="the first signal taken")
         router.process.send_signal(signal.SIGTERM)
         started = time.monotonic()
         assert await exit_code(router, timeout=EXIT_MARGIN + 2) == 0, router.log()

@@ -24,7 +24,7 @@ from headcount.sim.apiserver import (
     make_service,
     running_apiserver,
 )
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
 
 PODS = "/api/v1/namespaces/default/pods"
 BOOKMARK_INTERVAL = 0.3
@@ -601,8 +601,8 @@ async def test_admin_api_edits_objects_and_injects_faults(
         assert (await response.json())["stalled"] is False
     async with http.post(f"{sim.url}/_sim/faults/refuse", json={"seconds": 1}) as response:
         assert response.status == 200
-    await wait_until_async(lambda: refused(sim.url), what="the refusal to begin")
-    await wait_until_async(lambda: answers(http, sim.url), what="the port to come back")
+    await wait_until(lambda: refused(sim.url), what="the refusal to begin")
+    await wait_until(lambda: answers(http, sim.url), what="the port to come back")
 
 
 async def answers(session: aiohttp.ClientSession, url: str) -> bool:

@@ -34,7 +34,6 @@ from headcount.sim.cluster import (
     wait_until,
 )
 from tests.support import EngineConnection, raw_engine
-from tests.support import wait_until as wait_in_test
 
 __all__: list[str] = []
 
@@ -253,5 +252,5 @@ async def test_traffic_counts_each_request_once_as_ok_failed_or_cut(
         async with steady_traffic(
             router.url, model, stream_every=1 if stream else 0, max_requests=1
         ) as traffic:
-            await wait_in_test(lambda: traffic.sent == 1, what="the request sent")
+            await wait_until(lambda: traffic.sent == 1, what="the request sent")
     assert (traffic.ok, traffic.failed, traffic.cut) == (ok, failed, cut), traffic.failures

@@ -31,7 +31,7 @@ from headcount.sim.engine import (
     running_engine,
 )
 from headcount.sim.loopback import free_port
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 
@@ -229,7 +229,7 @@ async def test_metrics_follow_running_and_waiting_requests(
         url = f"{engine.url}/v1/chat/completions"
         requests = [asyncio.create_task(hold_stream(session, url, body)) for _ in range(3)]
         try:
-            values = await wait_until_async(
+            values = await wait_until(
                 lambda: _load_is(session, engine.url, running=1, waiting=2),
                 what="1 running and 2 waiting",
             )
@@ -238,7 +238,7 @@ async def test_metrics_follow_running_and_waiting_requests(
             for request in requests:
                 request.cancel()
             await asyncio.gather(*requests, return_exceptions=True)
-        await wait_until_async(
+        await wait_until(
             lambda: _load_is(session, engine.url, running=0, waiting=0),
             what="queue drained after the clients left",
         )

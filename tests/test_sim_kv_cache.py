@@ -18,7 +18,8 @@ import pytest
 from headcount.sim.engine.kv_cache import KvCache, KvSequence
 from headcount.sim.engine.prefill import PrefillPipeline
 from headcount.sim.engine.scheduler import Scheduler
-from tests.support import KvEventRecorder, wait_until
+from tests.support import wait_until
+from tests.support.kv_event_index import KvEventRecorder
 
 BS = 4
 

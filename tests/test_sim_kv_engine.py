@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 
 from headcount.sim.engine import EngineSimConfig, SimEngine, Timebase, running_engine
 from headcount.tokens import builtin_tokenizer
-from tests.support import KvEventRecorder, wait_until_async
+from tests.support import wait_until
+from tests.support.kv_event_index import KvEventRecorder
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 BS = 4
@@ -225,9 +226,9 @@ async def test_admission_waits_for_blocks_and_reset_for_none_held(
         holder = asyncio.create_task(
             post(session, url, {"prompt": list(range(8)), "max_tokens": 10})
         )
-        await wait_until_async(lambda: _view_with(session, engine, running=1))
+        await wait_until(lambda: _view_with(session, engine, running=1))
         waiter = asyncio.create_task(post(session, url, {"prompt": [50, 51, 52, 53]}))
-        view = await wait_until_async(lambda: _view_with(session, engine, running=1, waiting=1))
+        view = await wait_until(lambda: _view_with(session, engine, running=1, waiting=1))
         assert (view["usage"], view["reserved_blocks"]) == (2 / 5, 3)  # 8 + 10 - 1 tokens
         assert view["waiting"] == [{"prompt_tokens": 4, "cached_tokens": 0}]
         samples = await metrics(session, engine.url)
@@ -237,7 +238,7 @@ async def test_admission_waits_for_blocks_and_reset_for_none_held(
         assert (status, answer) == (409, {"reset": False})
         holder.cancel()
         await asyncio.gather(holder, return_exceptions=True)
-        await wait_until_async(lambda: _view_with(session, engine, running=1))
+        await wait_until(lambda: _view_with(session, engine, running=1))
         time.gate.set()
         status, _ = await asyncio.wait_for(waiter, timeout=10)
         assert status == 200
@@ -265,7 +266,7 @@ async def test_a_request_admitted_behind_anothers_prefill_counts_as_waiting(
             asyncio.create_task(post(session, url, {"prompt": list(range(start, start + 400))}))
             for start in (0, 1000)
         ]
-        await wait_until_async(lambda: _view_with(session, engine, running=2))
+        await wait_until(lambda: _view_with(session, engine, running=2))
         samples = await metrics(session, engine.url)
         time.gate.set()
         await asyncio.gather(*requests)

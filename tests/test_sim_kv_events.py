@@ -45,8 +45,8 @@ from headcount.sim.engine import (
 )
 from headcount.sim.engine.kv_events_config import KvEventsConfig
 from headcount.sim.engine.kv_publisher import KvEventPublisher
-from tests.kv_fixtures import expected_batches
-from tests.support import wait_until, wait_until_async
+from tests.support import wait_until
+from tests.support.kv_fixtures import expected_batches
 
 LAYOUTS: list[Layout] = ["0.10", "current"]
 VERSION_OF: dict[Layout, str] = {"0.10": "0.10.1", "current": "0.33.0"}
@@ -80,7 +80,7 @@ class Subscriber:
             self.publisher.end_step()
             return bool(await self.sub.poll(50))
 
-        await wait_until_async(one_arrives, what="the SUB socket joined")
+        await wait_until(one_arrives, what="the SUB socket joined")
         await wait_until(lambda: self.publisher.status()["queued"] == 0)
         last: int = self.publisher.status()["next_seq"] - 1  # type: ignore[operator]
         while (seq := (await self.next())[0]) != last:

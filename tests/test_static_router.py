@@ -3,10 +3,10 @@
 `headcount serve` runs as a child process in front of simulated engines; the
 clients are the ones users run, so what they accept (SSE framing, error
 bodies, model lists) is what is tested. The `/metrics` export is checked
-against the families the README promises (tests/support.py lists them; the alert
-rules and dashboard are held to the same list), after real traffic, a failover
-and discovery from the API server emulator, and an engine's series must go
-with its pod.
+against the families the README promises (tests/support/metric_families.py
+lists them; the alert rules and dashboard are held to the same list), after
+real traffic, a failover and discovery from the API server emulator, and an
+engine's series must go with its pod.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from prometheus_client.samples import Sample
 from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import RouterFlags, RouterProcess, SimCluster, Timings, sim_cluster
 from headcount.sim.engine import EngineSimConfig, running_engine
-from tests.support import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS, wait_until_async
+from tests.support import EXPORTED_METRICS, HISTOGRAMS, METRIC_LABELS, wait_until
 
 __all__: list[str] = []
 
@@ -55,7 +55,7 @@ async def static_router() -> AsyncIterator[RouterProcess]:
             )
         ) as router,
     ):
-        await wait_until_async(
+        await wait_until(
             lambda: routable_count(router, 2), timeout=10, what="both engines routable"
         )
         yield router
@@ -231,7 +231,7 @@ async def test_metrics_export_exactly_the_design_families_with_their_labels(
         two_pod_cluster(tmp_path) as (cluster, flags),
         RouterProcess(flags) as router,
     ):
-        await wait_until_async(lambda: routable_count(router, 2), timeout=10, what="2 routable")
+        await wait_until(lambda: routable_count(router, 2), timeout=10, what="2 routable")
         assert await send_chats(router, 4) == [200] * 4
         flaky = cluster.engines["flaky"]
         await flaky.set_fail_mode("refuse")  # still Ready in the API, probes far apart
@@ -269,7 +269,7 @@ async def test_an_engine_series_disappears_with_its_pod(tmp_path: Path) -> None:
         two_pod_cluster(tmp_path) as (cluster, flags),
         RouterProcess(flags) as router,
     ):
-        await wait_until_async(lambda: routable_count(router, 2), timeout=10, what="2 routable")
+        await wait_until(lambda: routable_count(router, 2), timeout=10, what="2 routable")
         assert await send_chats(router, 2) == [200, 200]
 
         def engines_in(text: str) -> set[str]:
@@ -284,7 +284,7 @@ async def test_an_engine_series_disappears_with_its_pod(tmp_path: Path) -> None:
         async def flaky_gone() -> bool:
             return engines_in(await client.metrics()) == {f"{NAMESPACE}/good"}
 
-        await wait_until_async(flaky_gone, timeout=5, what="flaky's series gone")
+        await wait_until(flaky_gone, timeout=5, what="flaky's series gone")
         text = await client.metrics()
         assert "flaky" not in text
         assert exported(text)["headcount_discovery_reconcile_removed_total"][0].value == 0

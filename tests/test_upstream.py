@@ -4,8 +4,8 @@ Each test's engine is a few lines of asyncio streams saying exactly what an
 engine might say: content-length, chunked and until-close bodies, keep-alive or
 not, silence, a close at the worst moment. The listener records what the
 connection reported, as the proxy would hear it. The scripted engines
-(`raw_engine`) and the blackholed port are in tests/support.py, shared with
-test_proxy.
+(`raw_engine`) and the blackholed port are in tests/support/raw_engine.py,
+shared with test_proxy.
 """
 
 from __future__ import annotations

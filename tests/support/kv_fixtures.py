@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any
 
 from headcount.kvevents import (
@@ -20,6 +19,7 @@ from headcount.kvevents import (
     KvEvent,
     Layout,
 )
+from tests.support.paths import REPO
 
 __all__ = [
     "TOPIC",
@@ -30,7 +30,7 @@ __all__ = [
     "frames_of",
 ]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm-kv-events"
+FIXTURES = REPO / "tests" / "fixtures" / "vllm-kv-events"
 VERSIONS: list[tuple[str, Layout]] = [("0.10.1", "0.10"), ("0.33.0", "current")]
 TOPIC = b"kv-events"
 

@@ -1,21 +1,60 @@
-"""The router's engine index fed straight from a simulated engine's KV-event sink, for tests.
+"""A simulated engine's KV events, recorded, and the router's engine index fed from them.
 
-Each engine's recorder (the simulator's `KvEventSink`) hands over what the
-engine stored, evicted or cleared; the events go into a real `EngineIndex`,
-without ZMQ or the registry around it, so routing tests check the router's
-predictions against the engine's truth through the index the router uses.
+`KvEventRecorder` is a simulated engine's `KvEventSink` that keeps what the
+engine stored, evicted or cleared. `EventIndex` feeds each engine's recorded
+events into a real `EngineIndex`, without ZMQ or the registry around it, so
+routing tests check the router's predictions against the engine's truth
+through the index the router uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from headcount.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from headcount.kvindex.index import EngineIndex
 from headcount.kvindex.keys import BlockKey
-from tests.support import KvEventRecorder
 
-__all__ = ["EventIndex"]
+__all__ = ["EventIndex", "KvEventRecorder"]
+
+
+@dataclass
+class KvEventRecorder:
+    """A `KvEventSink` keeping every batch of events, each event a tuple."""
+
+    batches: list[list[tuple[object, ...]]] = field(default_factory=list)
+    current: list[tuple[object, ...]] = field(default_factory=list)
+
+    def stored(
+        self,
+        block_hashes: Sequence[int],
+        parent_block_hash: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None,
+    ) -> None:
+        event = ("stored", list(block_hashes), parent_block_hash, list(token_ids))
+        self.current.append((*event, block_size, lora_name))
+
+    def removed(self, block_hashes: Sequence[int]) -> None:
+        self.current.append(("removed", list(block_hashes)))
+
+    def cleared(self) -> None:
+        self.current.append(("cleared",))
+
+    def end_step(self) -> None:
+        self.batches.append(self.current)
+        self.current = []
+
+    def events(self) -> list[tuple[object, ...]]:
+        return [event for batch in self.batches for event in batch]
+
+    def take(self) -> list[tuple[object, ...]]:
+        """Every event so far, forgetting them."""
+        events = self.events()
+        self.batches.clear()
+        return events
 
 
 class EventIndex:

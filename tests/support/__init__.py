@@ -1,0 +1,46 @@
+"""What tests share, one copy of each; no test module imports another.
+
+The simulated cluster, the router process and its client, and the one way to
+wait (`wait_until`, a `TimeoutError` at its deadline) are the product's own
+harness (`headcount.sim.cluster`, `headcount.sim.loopback`); what is here only
+tests need. The names most tests use are importable from `tests.support`; the
+rest from their module:
+
+- `raw_engine`: engines that say exact bytes, and a port that never accepts.
+- `metric_families`: the metric families the README promises, with their labels.
+- `kv_event_index`, `kv_fixtures`, `kv_view_double`: a simulated engine's KV
+  events recorded and indexed, vLLM's own recorded events, an index view double.
+- `paths`: where the repository is.
+"""
+
+from __future__ import annotations
+
+from headcount.sim.cluster.polling import wait_until
+from tests.support.metric_families import (
+    EXPORTED_METRICS,
+    HISTOGRAMS,
+    KV_METRIC_LABELS,
+    METRIC_LABELS,
+)
+from tests.support.paths import REPO
+from tests.support.raw_engine import (
+    EngineConnection,
+    RawEngine,
+    Script,
+    blackholed_listener,
+    raw_engine,
+)
+
+__all__ = [
+    "EXPORTED_METRICS",
+    "HISTOGRAMS",
+    "KV_METRIC_LABELS",
+    "METRIC_LABELS",
+    "REPO",
+    "EngineConnection",
+    "RawEngine",
+    "Script",
+    "blackholed_listener",
+    "raw_engine",
+    "wait_until",
+]
