@@ -24,7 +24,7 @@ from headcount.kvindex.trust import IndexTrust
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.surfaces.metrics import Metrics
-from tests.support import KV_METRIC_LABELS
+from tests.support import KV_METRIC_LABELS, FakeClock
 from tests.support.kv_view_double import FakeIndexView
 
 __all__: list[str] = []
@@ -33,19 +33,6 @@ STALE_AFTER = 10.0
 DEAD_AFTER = 30.0
 SOURCE = "k8s-pods"
 TEXT = "text/plain; charset=utf-8"
-
-
-class FakeClock:
-    """Monotonic seconds that move only when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def card(model: str, parent: str | None = None, **extra: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -13,22 +12,10 @@ from headcount.sim.apiserver.kubelet import POD_IP_ANNOTATION, Kubelet, address_
 from headcount.sim.apiserver.resources import PODS
 from headcount.sim.apiserver.store import Store
 from headcount.sim.apiserver.writes import apply_as
-from tests.support import wait_until
+from tests.support import FakeClock, wait_until
 from tests.test_sim_apiserver import refused
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
-
-
-class GatedSleep:
-    """A fake sleep that returns only once the test opens the gate, recording each delay."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-        self.gate = asyncio.Event()
-
-    async def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
-        await self.gate.wait()
 
 
 def bare_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, object]:
@@ -56,32 +43,33 @@ def ready(status: dict[str, object]) -> bool:
 
 
 @pytest.fixture
-def kubelet_store() -> tuple[Store, GatedSleep]:
+def kubelet_store() -> tuple[Store, FakeClock]:
+    """A store and its kubelet, whose delays are recorded and end once the test opens the gate."""
     store = Store(history_size=100)
-    sleep = GatedSleep()
-    kubelet = Kubelet(store, address_range("127.0.0.11-127.0.0.12"), 2.5, sleep)
+    clock = FakeClock(sleeps="stay", gated=True)
+    kubelet = Kubelet(store, address_range("127.0.0.11-127.0.0.12"), 2.5, clock.sleep)
     store.observers.append(kubelet.observe)
-    return store, sleep
+    return store, clock
 
 
 async def test_kubelet_starts_a_created_pod_after_its_delay(
-    kubelet_store: tuple[Store, GatedSleep],
+    kubelet_store: tuple[Store, FakeClock],
 ) -> None:
-    store, sleep = kubelet_store
+    store, clock = kubelet_store
     apply_as(store, PODS, bare_pod("engine-0"))
-    await wait_until(lambda: sleep.delays == [2.5], timeout=5, what="the kubelet's delay")
+    await wait_until(lambda: clock.slept == [2.5], timeout=5, what="the kubelet's delay")
     assert pod_status(store, "engine-0") == {"phase": "Pending"}
-    sleep.gate.set()
+    clock.gate.set()
     await wait_until(lambda: "podIP" in pod_status(store, "engine-0"), timeout=5, what="start")
     status = pod_status(store, "engine-0")
     assert (status["phase"], status["podIP"], ready(status)) == ("Running", "127.0.0.11", True)
 
 
 async def test_kubelet_hands_out_the_lowest_free_address_or_the_annotated_one(
-    kubelet_store: tuple[Store, GatedSleep],
+    kubelet_store: tuple[Store, FakeClock],
 ) -> None:
-    store, sleep = kubelet_store
-    sleep.gate.set()
+    store, clock = kubelet_store
+    clock.gate.set()
     for name in ("a", "b"):
         apply_as(store, PODS, bare_pod(name))
         await wait_until(lambda n=name: "podIP" in pod_status(store, n), timeout=5, what=name)
@@ -101,14 +89,14 @@ async def test_kubelet_hands_out_the_lowest_free_address_or_the_annotated_one(
 
 
 async def test_kubelet_leaves_a_pod_deleted_before_it_starts(
-    kubelet_store: tuple[Store, GatedSleep],
+    kubelet_store: tuple[Store, FakeClock],
 ) -> None:
-    store, sleep = kubelet_store
+    store, clock = kubelet_store
     apply_as(store, PODS, bare_pod("gone"))
-    await wait_until(lambda: sleep.delays == [2.5], timeout=5, what="the kubelet's delay")
+    await wait_until(lambda: clock.slept == [2.5], timeout=5, what="the kubelet's delay")
     store.delete(PODS, "default", "gone", graceful=False)
     version = store.resource_version
-    sleep.gate.set()
+    clock.gate.set()
     apply_as(store, PODS, bare_pod("next"))  # started after "gone"'s turn has passed
     await wait_until(lambda: "podIP" in pod_status(store, "next"), timeout=5, what="next")
     assert store.get(PODS, "default", "gone") is None

@@ -25,7 +25,7 @@ from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
 from headcount.fleet.outliers import HTTP_5XX
 from headcount.logs import configure_logging
 from headcount.sim.apiserver import ApiServerSim, make_endpointslice, make_pod, make_service
-from tests.support import wait_until
+from tests.support import FakeClock, wait_until
 from tests.test_discovery_k8s import ENGINE, SERVICES, api, discovery, names
 
 __all__ = ["api"]
@@ -37,14 +37,6 @@ OUTLIERS = OutlierSettings(
 SPEC = EngineSpec(id="uid-a", name="ns/a", url="http://10.0.0.1:8000", source="k8s-pods")
 OK = ProbeResult(ok=True, cards=CARDS)
 DOWN = ProbeResult(ok=False, error="/v1/models: HTTP 404")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

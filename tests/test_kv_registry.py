@@ -19,20 +19,12 @@ from headcount.kvindex.keys import block_keys
 from headcount.kvindex.registry import KvIndexes
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust
-from tests.support import wait_until
+from tests.support import FakeClock, wait_until
 
 __all__: list[str] = []
 
 BLOCK = 4
 PROMPT = list(range(16))
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeSubscriber:

@@ -23,6 +23,7 @@ from headcount.fleet.outliers import GATEWAY_ERROR, HTTP_5XX, NOT_EJECTED, next_
 from headcount.fleet.vllm_load import VllmLoad
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.metrics import Metrics
+from tests.support import FakeClock
 
 __all__: list[str] = []
 
@@ -30,14 +31,6 @@ OUTLIERS = OutlierSettings(
     consecutive_errors=3, base_ejection=30.0, max_ejection=100.0, max_ejected_percent=50.0
 )
 CARDS = ({"id": "m"},)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fleet_of(*names: str, outliers: OutlierSettings | None = OUTLIERS) -> tuple[Fleet, FakeClock]:

@@ -29,7 +29,7 @@ from headcount.fleet import Engine, EngineState, Fleet, ProbeResult
 from headcount.probe import prober as probe
 from headcount.probe.prober import Prober
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
-from tests.support import EngineConnection, raw_engine, wait_until
+from tests.support import EngineConnection, FakeClock, raw_engine, wait_until
 
 FAST = ProbeSettings(interval=0.1, timeout=0.5, unhealthy_after=2)
 
@@ -234,37 +234,9 @@ class RecordingFleet(Fleet):
         super().apply_probe(engine_id, result)
 
 
-class SteppedClock:
-    """A fake clock the test moves on: `sleep` returns once `advance` has passed its end."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        wake = asyncio.get_running_loop().create_future()
-        self._sleepers.append((self.now + seconds, wake))
-        await wake
-
-    @property
-    def sleeping(self) -> bool:
-        return any(not wake.done() for _, wake in self._sleepers)
-
-    def advance(self) -> None:
-        """Move to the end of the earliest sleep and wake every sleep that ends by then."""
-        self._sleepers = [(end, wake) for end, wake in self._sleepers if not wake.done()]
-        self.now = min(end for end, _ in self._sleepers)
-        for end, wake in self._sleepers:
-            if end <= self.now:
-                wake.set_result(None)
-
-
 async def test_periodic_probes_are_spread_over_the_interval() -> None:
     interval, count = 1.0, 8
-    clock = SteppedClock()
+    clock = FakeClock(0.0, sleeps="step")
     async with AsyncExitStack() as stack:
         engines = [
             await stack.enter_async_context(running_engine(EngineSimConfig())) for _ in range(count)

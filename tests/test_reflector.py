@@ -26,6 +26,7 @@ from headcount.discovery.reflector import Reflector
 from headcount.discovery.services import ServiceSource
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Fleet
+from tests.support import FakeClock
 
 SETTINGS = DiscoverySettings()
 """The defaults: watch timeouts in 300-600 s, back-off from 0.8 s to 30 s."""
@@ -41,20 +42,6 @@ class Advance:
 
 Step = WatchEvent | Exception | Advance
 Listing = tuple[list[KubeObject], str] | Exception
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 class NoJitter(random.Random):

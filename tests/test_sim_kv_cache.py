@@ -18,7 +18,7 @@ import pytest
 from headcount.sim.engine.kv_cache import KvCache, KvSequence
 from headcount.sim.engine.prefill import PrefillPipeline
 from headcount.sim.engine.scheduler import Scheduler
-from tests.support import wait_until
+from tests.support import FakeClock, wait_until
 from tests.support.kv_event_index import KvEventRecorder
 
 BS = 4
@@ -192,16 +192,8 @@ def test_a_restart_forgets_the_cache_silently_even_while_blocks_are_held() -> No
     assert run(kv, range(8)) == 0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_prefill_is_first_come_first_served_so_a_long_prompt_delays_the_next() -> None:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     pipeline = PrefillPipeline(1000.0, clock)
     assert pipeline.admit(2000) == 2.0
     clock.now = 0.5

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from headcount.sim.engine import EngineSimConfig, SimEngine, Timebase, running_engine
 from headcount.tokens import builtin_tokenizer
-from tests.support import wait_until
+from tests.support import FakeClock, wait_until
 from tests.support.kv_event_index import KvEventRecorder
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -160,67 +160,37 @@ async def test_cache_config_info_names_block_size_and_gpu_blocks(
     assert (info.labels["block_size"], info.labels["num_gpu_blocks"]) == ("8", "123")
 
 
-class VirtualTime:
-    """A clock frozen at 0 and a sleep that only records: every admitted prompt queues
-    behind the ones before it, and each wait is visible."""
-
-    def __init__(self) -> None:
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return 0.0
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-
-    def take(self) -> list[float]:
-        sleeps, self.sleeps = self.sleeps, []
-        return sleeps
-
-
 async def test_time_to_first_token_is_uncached_prompt_over_a_shared_prefill_rate(
     session: aiohttp.ClientSession,
 ) -> None:
-    time = VirtualTime()
+    clock = FakeClock(0.0, sleeps="stay")  # each prompt queues behind the ones before it
     config = EngineSimConfig(
         kv_blocks=300, block_size=BS, prefill_tokens_per_s=1000.0, token_delay=0.01
     )
-    async with running_engine(config, Timebase(time.clock, time.sleep)) as engine:
+    async with running_engine(config, Timebase(clock, clock.sleep)) as engine:
         url = f"{engine.url}/v1/completions"
         long_prompt = list(range(400))
         await post(session, url, {"prompt": long_prompt, "max_tokens": 2})
-        assert time.take() == pytest.approx([0.4, 0.02])  # 400 tokens at 1000/s, 2 tokens
+        assert clock.take() == pytest.approx([0.4, 0.02])  # 400 tokens at 1000/s, 2 tokens
         await post(session, url, {"prompt": long_prompt, "max_tokens": 2})
-        assert time.take() == pytest.approx([0.404, 0.02])  # 396 cached; behind the first
+        assert clock.take() == pytest.approx([0.404, 0.02])  # 396 cached; behind the first
         body = {"prompt": list(range(1000, 1020)), "max_tokens": 3, "stream": True}
         async with session.post(url, json=body) as response:
             await response.read()
-        assert time.take() == pytest.approx([0.424, 0.01, 0.01, 0.01])  # token by token
+        assert clock.take() == pytest.approx([0.424, 0.01, 0.01, 0.01])  # token by token
         _, predicted = await post(
             session, f"{engine.url}/sim/kv-cache/predict", {"prompt": long_prompt}
         )
     assert predicted == {"prompt_tokens": 400, "cached_tokens": 396, "ttft_s": pytest.approx(0.438)}
 
 
-class GatedTime(VirtualTime):
-    """Frozen virtual time whose sleeps last until the test opens the gate."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        await self.gate.wait()
-
-
 async def test_admission_waits_for_blocks_and_reset_for_none_held(
     session: aiohttp.ClientSession,
 ) -> None:
-    time = GatedTime()
+    clock = FakeClock(0.0, sleeps="stay", gated=True)
     config = EngineSimConfig(kv_blocks=6, block_size=BS)  # five usable blocks: 20 tokens
     recorder = KvEventRecorder()
-    async with running_engine(config, Timebase(time.clock, time.sleep)) as engine:
+    async with running_engine(config, Timebase(clock, clock.sleep)) as engine:
         engine.set_kv_sink(recorder)
         url = f"{engine.url}/v1/completions"
         holder = asyncio.create_task(
@@ -239,7 +209,7 @@ async def test_admission_waits_for_blocks_and_reset_for_none_held(
         holder.cancel()
         await asyncio.gather(holder, return_exceptions=True)
         await wait_until(lambda: _view_with(session, engine, running=1))
-        time.gate.set()
+        clock.gate.set()
         status, _ = await asyncio.wait_for(waiter, timeout=10)
         assert status == 200
         status, answer = await post(session, f"{engine.url}/sim/reset_prefix_cache", {})
@@ -258,9 +228,9 @@ async def _view_with(
 async def test_a_request_admitted_behind_anothers_prefill_counts_as_waiting(
     session: aiohttp.ClientSession,
 ) -> None:
-    time = GatedTime()
+    clock = FakeClock(0.0, sleeps="stay", gated=True)
     config = EngineSimConfig(kv_blocks=300, block_size=BS)
-    async with running_engine(config, Timebase(time.clock, time.sleep)) as engine:
+    async with running_engine(config, Timebase(clock, clock.sleep)) as engine:
         url = f"{engine.url}/v1/completions"
         requests = [
             asyncio.create_task(post(session, url, {"prompt": list(range(start, start + 400))}))
@@ -268,7 +238,7 @@ async def test_a_request_admitted_behind_anothers_prefill_counts_as_waiting(
         ]
         await wait_until(lambda: _view_with(session, engine, running=2))
         samples = await metrics(session, engine.url)
-        time.gate.set()
+        clock.gate.set()
         await asyncio.gather(*requests)
     running = samples["vllm:num_requests_running"].value
     assert (running, samples["vllm:num_requests_waiting"].value) == (1.0, 1.0)

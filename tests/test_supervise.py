@@ -30,31 +30,16 @@ from headcount.supervise import Supervisor
 from headcount.surfaces.grpc_health import GrpcHealthServer
 from headcount.surfaces.health import HealthReport, Status
 from headcount.surfaces.metrics import Metrics
-from tests.support import wait_until
+from tests.support import FakeClock, wait_until
 
 SETTINGS = SupervisionSettings(restart_delay=1.0, restart_delay_max=8.0, healthy_after=60.0)
-
-
-class FakeTime:
-    """A clock that moves only when the supervisor sleeps or a scripted run lasts."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 class Script:
     """A task that, on each start, runs for the next duration, then raises or returns."""
 
-    def __init__(self, time: FakeTime, runs: list[tuple[float, BaseException | None]]) -> None:
-        self._time = time
+    def __init__(self, clock: FakeClock, runs: list[tuple[float, BaseException | None]]) -> None:
+        self._clock = clock
         self._runs: Iterator[tuple[float, BaseException | None]] = iter(runs)
         self.starts = 0
         self.finished = asyncio.Event()
@@ -67,7 +52,7 @@ class Script:
             self.finished.set()
             await asyncio.Event().wait()  # the last start runs until cancelled
             return
-        self._time.now += duration
+        self._clock.now += duration
         if outcome is not None:
             raise outcome
 
@@ -77,9 +62,9 @@ def restarts(metrics: Metrics, task: str) -> float | None:
 
 
 async def supervising(
-    script: Script, time: FakeTime, metrics: Metrics, settings: SupervisionSettings = SETTINGS
+    script: Script, clock: FakeClock, metrics: Metrics, settings: SupervisionSettings = SETTINGS
 ) -> None:
-    supervisor = Supervisor(settings, metrics.task_restarts, clock=time.clock, sleep=time.sleep)
+    supervisor = Supervisor(settings, metrics.task_restarts, clock=clock, sleep=clock.sleep)
     task = asyncio.create_task(supervisor.run("worker", script))
     try:
         await wait_until(script.finished.is_set, what="the script played out")
@@ -96,12 +81,12 @@ def no_fleet() -> Metrics:
 async def test_a_crash_is_logged_with_its_traceback_counted_and_the_task_restarted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    time, metrics = FakeTime(), no_fleet()
-    script = Script(time, [(5.0, RuntimeError("boom"))])
-    await supervising(script, time, metrics)
+    clock, metrics = FakeClock(), no_fleet()
+    script = Script(clock, [(5.0, RuntimeError("boom"))])
+    await supervising(script, clock, metrics)
     assert script.starts == 2
     assert restarts(metrics, "worker") == 1
-    assert time.sleeps == [SETTINGS.restart_delay]
+    assert clock.slept == [SETTINGS.restart_delay]
     (record,) = [r for r in caplog.records if r.name == "headcount.supervise"]
     assert record.levelno == logging.ERROR
     assert record.getMessage() == "task worker stopped (RuntimeError: boom): restarting in 1s"
@@ -115,40 +100,40 @@ async def test_the_series_exists_before_any_restart() -> None:
 
 
 async def test_the_delay_doubles_up_to_the_cap_and_starts_over_after_a_healthy_run() -> None:
-    time, metrics = FakeTime(), no_fleet()
+    clock, metrics = FakeClock(), no_fleet()
     quick = [(0.5, RuntimeError("again"))] * 5
     healthy = [(SETTINGS.healthy_after, RuntimeError("after a long run"))]
-    script = Script(time, [*quick, *healthy, (0.5, RuntimeError("soon after"))])
-    await supervising(script, time, metrics)
-    assert time.sleeps == [1.0, 2.0, 4.0, 8.0, 8.0, 1.0, 2.0]
+    script = Script(clock, [*quick, *healthy, (0.5, RuntimeError("soon after"))])
+    await supervising(script, clock, metrics)
+    assert clock.slept == [1.0, 2.0, 4.0, 8.0, 8.0, 1.0, 2.0]
     assert restarts(metrics, "worker") == 7
 
 
 async def test_a_crash_like_the_last_one_is_one_line_and_a_new_one_has_its_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    time, metrics = FakeTime(), no_fleet()
+    clock, metrics = FakeClock(), no_fleet()
     runs: list[tuple[float, BaseException | None]] = [
         (0.0, ValueError("x")),
         (0.0, ValueError("x")),
         (0.0, KeyError("y")),
     ]
-    await supervising(Script(time, runs), time, metrics)
+    await supervising(Script(clock, runs), clock, metrics)
     records = [r for r in caplog.records if r.name == "headcount.supervise"]
     assert [r.exc_info is not None for r in records] == [True, False, True]
     assert "stopped again (ValueError: x)" in records[1].getMessage()
 
 
 async def test_a_task_that_returns_is_restarted_too(caplog: pytest.LogCaptureFixture) -> None:
-    time, metrics = FakeTime(), no_fleet()
-    await supervising(Script(time, [(1.0, None)]), time, metrics)
+    clock, metrics = FakeClock(), no_fleet()
+    await supervising(Script(clock, [(1.0, None)]), clock, metrics)
     assert restarts(metrics, "worker") == 1
     assert any("task worker stopped (returned)" in r.getMessage() for r in caplog.records)
 
 
 async def test_cancellation_is_not_a_crash(caplog: pytest.LogCaptureFixture) -> None:
-    time, metrics = FakeTime(), no_fleet()
-    await supervising(Script(time, []), time, metrics)
+    clock, metrics = FakeClock(), no_fleet()
+    await supervising(Script(clock, []), clock, metrics)
     assert restarts(metrics, "worker") == 0
     assert not [r for r in caplog.records if r.name == "headcount.supervise"]
 

@@ -6,6 +6,7 @@ harness (`headcount.sim.cluster`, `headcount.sim.loopback`); what is here only
 tests need. The names most tests use are importable from `tests.support`; the
 rest from their module:
 
+- `clock`: `FakeClock`, time that moves only when the test moves it.
 - `raw_engine`: engines that say exact bytes, and a port that never accepts.
 - `metric_families`: the metric families the README promises, with their labels.
 - `kv_event_index`, `kv_fixtures`, `kv_view_double`: a simulated engine's KV
@@ -16,6 +17,7 @@ rest from their module:
 from __future__ import annotations
 
 from headcount.sim.cluster.polling import wait_until
+from tests.support.clock import FakeClock
 from tests.support.metric_families import (
     EXPORTED_METRICS,
     HISTOGRAMS,
@@ -38,6 +40,7 @@ __all__ = [
     "METRIC_LABELS",
     "REPO",
     "EngineConnection",
+    "FakeClock",
     "RawEngine",
     "Script",
     "blackholed_listener",
