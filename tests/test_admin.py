@@ -24,7 +24,7 @@ from headcount.kvindex.trust import IndexTrust
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.surfaces.metrics import Metrics
-from tests.support import KV_METRIC_LABELS, FakeClock
+from tests.support import KV_METRIC_LABELS, FakeClock, spec
 from tests.support.kv_view_double import FakeIndexView
 
 __all__: list[str] = []
@@ -37,18 +37,6 @@ TEXT = "text/plain; charset=utf-8"
 
 def card(model: str, parent: str | None = None, **extra: str) -> dict[str, Any]:
     return {"id": model, "root": model, "parent": parent, **extra}
-
-
-def spec(name: str, **overrides: Any) -> EngineSpec:
-    return EngineSpec(
-        **{
-            "id": f"uid-{name}",
-            "name": f"llm/{name}",
-            "url": f"http://{name}.engines.test:8000",
-            "source": SOURCE,
-            **overrides,
-        }
-    )
 
 
 class Admin:
@@ -88,12 +76,18 @@ class Admin:
         self.source.last_attempt_finished = self.clock.now
         return self
 
+    def discover(self, name: str, **spec_fields: Any) -> EngineSpec:
+        """A pod `llm/{name}` discovered by the source, not probed yet."""
+        url = f"http://{name}.engines.test:8000"
+        engine = spec(f"llm/{name}", id=f"uid-{name}", url=url, source=SOURCE, **spec_fields)
+        self.fleet.upsert(engine)
+        return engine
+
     def engine(
         self, name: str, *cards: Mapping[str, Any], ok: bool = True, **spec_fields: Any
     ) -> None:
         """An engine discovered and probed once: `ok` with `cards`, or failed."""
-        engine = spec(name, **spec_fields)
-        self.fleet.upsert(engine)
+        engine = self.discover(name, **spec_fields)
         result = ProbeResult(ok=True, cards=cards) if ok else ProbeResult(ok=False, error="refused")
         self.fleet.apply_probe(engine.id, result)
 
@@ -133,7 +127,7 @@ async def test_models_lists_what_routable_engines_serve_adapters_included_each_o
     admin.engine("b", card("model-a", owned_by="vllm"))
     admin.engine("sleepy", card("model-asleep"), sleeping=True)
     admin.engine("broken", card("model-broken"), ok=False)
-    admin.fleet.upsert(spec("unprobed"))
+    admin.discover("unprobed")
 
     status, body = await admin.get_json("/v1/models")
 

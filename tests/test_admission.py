@@ -8,19 +8,11 @@ from collections.abc import Sequence
 import pytest
 
 from headcount._http.handler import Request
-from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState, Snapshot
+from headcount.fleet import Engine, EngineState, Snapshot
 from headcount.proxy.admission import Admitted, Refused, admit
 from headcount.routing import LeastLoaded, RequestFeatures, RoundRobin, session_key
 from headcount.surfaces.metrics import UNKNOWN_MODEL
-
-
-def engine(name: str, *models: str, state: EngineState = EngineState.READY) -> Engine:
-    return Engine(
-        spec=EngineSpec(id=name, name=name, url=f"http://{name}", source="t"),
-        load=EngineLoad(),
-        state=state,
-        cards=tuple({"id": model} for model in models),
-    )
+from tests.support import engine
 
 
 def request(body: bytes, *headers: tuple[bytes, bytes]) -> Request:

@@ -22,7 +22,6 @@ import pytest
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import ConfigError, ProxySettings
-from headcount.fleet import EngineSpec, Fleet, ProbeResult
 from headcount.proxy import Proxy, start_server
 from headcount.routing import RoundRobin
 from headcount.sim.cluster.client import RouterClient
@@ -30,7 +29,7 @@ from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.sim.loopback import free_port
 from headcount.surfaces.health import Status, evaluate
 from headcount.surfaces.metrics import Metrics
-from tests.support import EngineConnection, raw_engine, wait_until
+from tests.support import EngineConnection, raw_engine, ready_fleet, spec, wait_until
 
 TIMEOUT = 10.0
 MODEL = "m"
@@ -51,9 +50,7 @@ class CountingLocal:
 async def proxy_before(
     engine_url: str, settings: ProxySettings, local: CountingLocal | None = None
 ) -> AsyncIterator[tuple[int, Proxy]]:
-    fleet = Fleet(unhealthy_after=2)
-    fleet.reconcile("t", [EngineSpec(id=engine_url, name="e", url=engine_url, source="t")])
-    fleet.apply_probe(engine_url, ProbeResult(ok=True, cards=({"id": MODEL},)))
+    fleet = ready_fleet(spec("e", id=engine_url, url=engine_url), cards=({"id": MODEL},))
     proxy = Proxy(
         fleet, RoundRobin(), settings, Metrics(lambda: fleet.snapshot), local or CountingLocal()
     )
@@ -153,10 +150,7 @@ def test_health_is_degraded_not_unavailable_when_the_router_ran_out_of_its_own_r
     from headcount.config import HealthSettings
     from headcount.fleet import Snapshot
 
-    engine = Fleet(unhealthy_after=2)
-    engine.reconcile("t", [EngineSpec(id="e", name="e", url="http://e", source="t")])
-    engine.apply_probe("e", ProbeResult(ok=True, cards=({"id": MODEL},)))
-    snapshot: Snapshot = engine.snapshot
+    snapshot: Snapshot = ready_fleet(spec("e"), cards=({"id": MODEL},)).snapshot
     problem = "router out of file descriptors 3s ago"
     report = evaluate(
         [], snapshot, HealthSettings(), now=10.0, started=0.0, local_problems=[problem]

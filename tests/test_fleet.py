@@ -2,31 +2,20 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from headcount.config import ProbeSettings
-from headcount.fleet import EngineSpec, EngineState, Fleet, FleetChange, ProbeResult
+from headcount.fleet import EngineState, Fleet, FleetChange, ProbeResult
 from headcount.fleet.vllm_load import VllmLoad
+from tests.support import builders
 
 PROBE = ProbeSettings()
 CARDS = ({"id": "m", "object": "model"}, {"id": "m-lora", "object": "model", "parent": "m"})
 
 
-def spec(name: str, **fields: object) -> EngineSpec:
-    base: dict[str, object] = {
-        "id": f"uid-{name}",
-        "name": name,
-        "url": f"http://10.0.0.{len(name)}:8000",
-        "source": "pods",
-    }
-    base.update(fields)
-    return EngineSpec(**base)  # type: ignore[arg-type]
-
-
-def ready_fleet(*names: str) -> Fleet:
-    fleet = Fleet(unhealthy_after=PROBE.unhealthy_after)
-    fleet.reconcile("pods", [spec(n) for n in names])
-    for n in names:
-        fleet.apply_probe(f"uid-{n}", ProbeResult(ok=True, cards=CARDS))
-    return fleet
+spec = partial(builders.spec, id="uid-{name}", source="pods")
+"""The engines here are pods, known by their uids."""
+ready_fleet = partial(builders.ready_fleet, cards=CARDS)
 
 
 def test_new_engine_is_pending_until_its_first_successful_probe() -> None:
@@ -40,7 +29,7 @@ def test_new_engine_is_pending_until_its_first_successful_probe() -> None:
 
 
 def test_reconcile_removes_engines_absent_from_the_list_and_keeps_other_sources() -> None:
-    fleet = ready_fleet("a", "b")
+    fleet = ready_fleet(spec("a"), spec("b"))
     fleet.reconcile("static", [spec("s", source="static")])
     change = fleet.reconcile("pods", [spec("a")])
     assert change.removed == ("uid-b",)
@@ -48,7 +37,7 @@ def test_reconcile_removes_engines_absent_from_the_list_and_keeps_other_sources(
 
 
 def test_unchanged_relist_asks_for_no_probe_but_a_changed_one_does() -> None:
-    fleet = ready_fleet("a", "b")
+    fleet = ready_fleet(spec("a"), spec("b"))
     change = fleet.reconcile("pods", [spec("a", resource_version="9"), spec("b")])
     assert change.to_probe == () and change.unchanged == 2
     assert fleet.snapshot.by_id["uid-a"].spec.resource_version == "9"
@@ -58,13 +47,13 @@ def test_unchanged_relist_asks_for_no_probe_but_a_changed_one_does() -> None:
 
 
 def test_moved_engine_is_not_routed_until_probed_at_its_new_address() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     fleet.upsert(spec("a", url="http://10.9.9.9:8000"))
     assert fleet.snapshot.by_id["uid-a"].state is EngineState.PENDING
 
 
 def test_sleeping_engine_is_known_but_never_a_candidate() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     fleet.upsert(spec("a", sleeping=True))
     engine = fleet.snapshot.by_id["uid-a"]
     assert engine.state is EngineState.SLEEPING
@@ -73,7 +62,7 @@ def test_sleeping_engine_is_known_but_never_a_candidate() -> None:
 
 
 def test_engine_becomes_unhealthy_after_consecutive_failed_probes_and_recovers() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     fleet.apply_probe("uid-a", ProbeResult(ok=False, error="refused"))
     assert fleet.snapshot.by_id["uid-a"].routable, "one failed probe is not enough"
     fleet.apply_probe("uid-a", ProbeResult(ok=False, error="refused"))
@@ -84,7 +73,7 @@ def test_engine_becomes_unhealthy_after_consecutive_failed_probes_and_recovers()
 
 
 def test_ejected_engine_leaves_rotation_until_a_probe_succeeds() -> None:
-    fleet = ready_fleet("a", "b")
+    fleet = ready_fleet(spec("a"), spec("b"))
     fleet.eject("uid-a", "connect refused")
     assert [e.id for e in fleet.snapshot.candidates("m")] == ["uid-b"]
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS))
@@ -92,7 +81,7 @@ def test_ejected_engine_leaves_rotation_until_a_probe_succeeds() -> None:
 
 
 def test_snapshot_is_immutable_across_writes() -> None:
-    fleet = ready_fleet("a", "b")
+    fleet = ready_fleet(spec("a"), spec("b"))
     before = fleet.snapshot
     fleet.remove("uid-a")
     assert set(before.by_id) == {"uid-a", "uid-b"}
@@ -101,7 +90,7 @@ def test_snapshot_is_immutable_across_writes() -> None:
 
 
 def test_removed_engine_takes_its_load_counters_with_it() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     fleet.snapshot.by_id["uid-a"].load.in_flight = 3
     fleet.remove("uid-a")
     fleet.reconcile("pods", [spec("a")])
@@ -109,7 +98,7 @@ def test_removed_engine_takes_its_load_counters_with_it() -> None:
 
 
 def test_load_counters_survive_probes_and_spec_updates() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     load = fleet.snapshot.by_id["uid-a"].load
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS, load=VllmLoad(running=2)))
     fleet.upsert(spec("a", resource_version="7"))
@@ -117,7 +106,7 @@ def test_load_counters_survive_probes_and_spec_updates() -> None:
 
 
 def test_probe_of_a_removed_engine_is_ignored() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     fleet.remove("uid-a")
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS))
     assert fleet.snapshot.engines == ()
@@ -136,7 +125,7 @@ def test_listeners_hear_additions_changes_and_removals() -> None:
 
 
 def test_model_cards_union_over_routable_engines_only() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     fleet.reconcile("static", [spec("s", source="static", id="s")])
     fleet.apply_probe("s", ProbeResult(ok=True, cards=({"id": "other"},)))
     fleet.eject("s", "gone")
@@ -144,7 +133,7 @@ def test_model_cards_union_over_routable_engines_only() -> None:
 
 
 def test_not_ready_engine_from_its_source_is_not_routed() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     fleet.upsert(spec("a", ready=False))
     assert fleet.snapshot.by_id["uid-a"].state is EngineState.NOT_READY
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=CARDS))
@@ -152,7 +141,7 @@ def test_not_ready_engine_from_its_source_is_not_routed() -> None:
 
 
 def test_a_probe_that_only_changes_load_updates_it_in_place_without_a_rebuild() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     before = fleet.snapshot
     fleet.apply_probe(
         "uid-a",
@@ -165,7 +154,7 @@ def test_a_probe_that_only_changes_load_updates_it_in_place_without_a_rebuild() 
 
 
 def test_a_probe_carries_the_prefix_cache_figures_and_a_later_silence_clears_them() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     scraped = VllmLoad(
         prefix_cache_queries=900.0,
         prefix_cache_hits=300.0,
@@ -186,7 +175,7 @@ def test_a_probe_carries_the_prefix_cache_figures_and_a_later_silence_clears_the
 
 
 def test_a_probe_that_changes_what_an_engine_serves_rebuilds_the_snapshot() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     before = fleet.snapshot
     fleet.apply_probe("uid-a", ProbeResult(ok=True, cards=(*CARDS, {"id": "new", "parent": "m"})))
     assert fleet.snapshot is not before
@@ -194,7 +183,7 @@ def test_a_probe_that_changes_what_an_engine_serves_rebuilds_the_snapshot() -> N
 
 
 def test_an_inconclusive_probe_records_its_error_and_changes_no_state() -> None:
-    fleet = ready_fleet("a")
+    fleet = ready_fleet(spec("a"))
     for _ in range(PROBE.unhealthy_after + 1):
         fleet.apply_probe(
             "uid-a", ProbeResult(ok=False, error="dns: a: timeout", inconclusive=True)
@@ -209,7 +198,7 @@ def test_an_inconclusive_probe_records_its_error_and_changes_no_state() -> None:
 
 def test_listeners_hear_an_engine_leave_rotation_once_per_write() -> None:
     heard: list[FleetChange] = []
-    fleet = ready_fleet("a", "b", "c")
+    fleet = ready_fleet(spec("a"), spec("b"), spec("c"))
     fleet.subscribe(heard.append)
     fleet.eject("uid-a", "connect refused")
     for _ in range(PROBE.unhealthy_after + 1):  # the last one finds it out already

@@ -21,11 +21,11 @@ import pytest
 from headcount.config import OutlierSettings
 from headcount.discovery.pods import deleted_reason, reconcile_listed
 from headcount.discovery.source import SourceStatus
-from headcount.fleet import EngineSpec, EngineState, Fleet, ProbeResult
+from headcount.fleet import EngineSpec, EngineState, ProbeResult
 from headcount.fleet.outliers import HTTP_5XX
 from headcount.logs import configure_logging
 from headcount.sim.apiserver import ApiServerSim, make_endpointslice, make_pod, make_service
-from tests.support import FakeClock, wait_until
+from tests.support import FakeClock, ready_fleet, wait_until
 from tests.test_discovery_k8s import ENGINE, SERVICES, api, discovery, names
 
 __all__ = ["api"]
@@ -53,17 +53,10 @@ def lines(story: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
     return told
 
 
-def ready_fleet(clock: FakeClock | None = None) -> Fleet:
-    fleet = Fleet(unhealthy_after=2, outliers=OUTLIERS, clock=clock or FakeClock())
-    fleet.upsert(SPEC)
-    fleet.apply_probe(SPEC.id, OK)
-    return fleet
-
-
 def test_an_engine_added_and_made_ready_is_told_with_its_source_and_models(
     story: pytest.LogCaptureFixture,
 ) -> None:
-    ready_fleet()
+    ready_fleet(SPEC, outliers=OUTLIERS)
     assert lines(story) == [
         (logging.INFO, "engine ns/a added by k8s-pods at http://10.0.0.1:8000 (pending)"),
         (logging.INFO, "engine ns/a ready (was pending): probe passed; serves m"),
@@ -73,7 +66,7 @@ def test_an_engine_added_and_made_ready_is_told_with_its_source_and_models(
 def test_an_engine_removed_is_told_with_the_reason_its_source_gives(
     story: pytest.LogCaptureFixture,
 ) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     lines(story)
     fleet.remove(SPEC.id, "pod deleted")
     assert lines(story) == [
@@ -86,7 +79,7 @@ def test_an_engine_removed_is_told_with_the_reason_its_source_gives(
 def test_failing_probes_take_an_engine_out_as_a_warning_and_a_passing_one_brings_it_back(
     story: pytest.LogCaptureFixture,
 ) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     lines(story)
     fleet.apply_probe(SPEC.id, DOWN)
     assert lines(story) == [], "one failure below --unhealthy-after changes no state"
@@ -104,7 +97,7 @@ def test_failing_probes_take_an_engine_out_as_a_warning_and_a_passing_one_brings
 def test_a_connect_failure_on_live_traffic_takes_an_engine_out_as_a_warning(
     story: pytest.LogCaptureFixture,
 ) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     lines(story)
     fleet.eject(SPEC.id, "connect failed: connection refused")
     fleet.eject(SPEC.id, "connect failed: connection refused")
@@ -117,7 +110,7 @@ def test_an_outlier_ejection_is_told_with_its_reason_and_length_and_so_is_its_en
     story: pytest.LogCaptureFixture,
 ) -> None:
     clock = FakeClock()
-    fleet = ready_fleet(clock)
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS, clock=clock)
     lines(story)
     fleet.record_error(SPEC.id, HTTP_5XX)
     fleet.record_error(SPEC.id, HTTP_5XX)
@@ -134,7 +127,7 @@ def test_an_outlier_ejection_is_told_with_its_reason_and_length_and_so_is_its_en
 
 
 def test_sleeping_is_told_both_ways(story: pytest.LogCaptureFixture) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     lines(story)
     fleet.upsert(replace(SPEC, sleeping=True))
     assert lines(story) == [
@@ -149,7 +142,7 @@ def test_sleeping_is_told_both_ways(story: pytest.LogCaptureFixture) -> None:
 def test_not_ready_at_the_source_is_a_warning_and_ready_again_is_probed(
     story: pytest.LogCaptureFixture,
 ) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     lines(story)
     fleet.upsert(replace(SPEC, ready=False))
     assert lines(story) == [
@@ -164,7 +157,7 @@ def test_not_ready_at_the_source_is_a_warning_and_ready_again_is_probed(
 def test_an_engine_whose_address_moved_is_told_pending_until_probed(
     story: pytest.LogCaptureFixture,
 ) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     lines(story)
     fleet.upsert(replace(SPEC, url="http://10.0.0.9:8000"))
     assert lines(story) == [
@@ -178,7 +171,7 @@ def test_an_engine_whose_address_moved_is_told_pending_until_probed(
 def test_a_relist_that_removes_an_engine_says_the_watch_missed_its_deletion(
     story: pytest.LogCaptureFixture,
 ) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     status = SourceStatus(name="k8s-pods", kind="k8s-pods")
     lines(story)
     reconcile_listed(fleet, status, [])
@@ -193,7 +186,7 @@ def test_a_relist_that_removes_an_engine_says_the_watch_missed_its_deletion(
 
 
 def test_a_steady_fleet_is_quiet(story: pytest.LogCaptureFixture) -> None:
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     other = replace(SPEC, id="uid-b", name="ns/b", url="http://10.0.0.2:8000")
     fleet.upsert(other)
     fleet.apply_probe(other.id, DOWN)
@@ -291,7 +284,7 @@ def logged(fmt: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     stderr = io.StringIO()
     monkeypatch.setattr("sys.stderr", stderr)
     configure_logging(fmt, "INFO")
-    fleet = ready_fleet()
+    fleet = ready_fleet(SPEC, outliers=OUTLIERS)
     fleet.remove(SPEC.id, "pod deleted")
     try:
         raise RuntimeError("boom")

@@ -4,22 +4,17 @@ from __future__ import annotations
 
 from headcount.config import HealthSettings, ProbeSettings
 from headcount.discovery.source import SourceStatus
-from headcount.fleet import EngineSpec, Fleet, ProbeResult, Snapshot
+from headcount.fleet import Fleet, Snapshot
 from headcount.surfaces.health import Status, evaluate, render_checks
+from tests.support import ready_fleet, spec
 
 SETTINGS = HealthSettings(discovery_stale_after=120, discovery_dead_after=300)
 PROBE = ProbeSettings()
 
 
 def routable_snapshot(count: int = 1) -> Snapshot:
-    fleet = Fleet(unhealthy_after=PROBE.unhealthy_after)
-    fleet.reconcile(
-        "k",
-        [EngineSpec(id=f"e{i}", name=f"e{i}", url="http://x", source="k") for i in range(count)],
-    )
-    for i in range(count):
-        fleet.apply_probe(f"e{i}", ProbeResult(ok=True, cards=({"id": "m"},)))
-    return fleet.snapshot
+    specs = [spec(f"e{i}", url="http://x", source="k") for i in range(count)]
+    return ready_fleet(*specs).snapshot
 
 
 def synced_source(at: float) -> SourceStatus:

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import pytest
 
 from headcount.config import RoutingName
-from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState
 from headcount.kvindex.keys import BlockKey, block_keys
 from headcount.routing import RequestFeatures, make_policy
 from headcount.routing.kv import KvAware, KvRequest, KvRouting
+from tests.support import engine
 
 BS = 4
 MODEL = "m"
@@ -54,16 +54,6 @@ class FakeIndex:
 
     def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
         self.calls.append(("prefilled", engine_id, new_blocks, predicted_cached_tokens))
-
-
-def engine(name: str, adapters: Sequence[str] = (), **load: float) -> Engine:
-    cards = ({"id": MODEL}, *({"id": a, "parent": MODEL} for a in adapters))
-    return Engine(
-        EngineSpec(id=name, name=name, url=f"http://{name}", source="static"),
-        EngineLoad(**load),  # type: ignore[arg-type]
-        EngineState.READY,
-        cards,
-    )
 
 
 def policy(index: FakeIndex, epsilon: float = 0.5) -> KvAware:

@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from headcount.fleet import EngineSpec, Fleet, ProbeResult
+from headcount.fleet import Fleet, ProbeResult
 from headcount.fleet.vllm_load import VllmLoad
 from headcount.kvevents import BlockRemoved, BlockStored, EventBatch, KvEvent
 from headcount.kvindex.keys import block_keys
 from headcount.kvindex.registry import KvIndexes
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust
-from tests.support import FakeClock, wait_until
+from tests.support import FakeClock, spec, wait_until
 
 __all__: list[str] = []
 
@@ -48,10 +48,6 @@ class FakeSubscriber:
             self.cancelled = True
 
 
-def spec(name: str, url: str, **fields: object) -> EngineSpec:
-    return EngineSpec(id=name, name=name, url=url, source="static", **fields)  # type: ignore[arg-type]
-
-
 @pytest.fixture
 async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
     FakeSubscriber.started = []
@@ -70,7 +66,7 @@ async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
         check_window=30.0,
         tick=3600.0,
     )
-    fleet.reconcile("static", [spec("a", "http://10.0.0.1:8000")])
+    fleet.reconcile("static", [spec("a", url="http://10.0.0.1:8000")])
     indexes.start()
     try:
         yield fleet, indexes, clock
@@ -112,7 +108,7 @@ async def test_each_engine_gets_a_subscriber_on_its_host_with_annotated_or_defau
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     fleet, _, _ = world
-    fleet.upsert(spec("b", "http://[fd00::2]:8000", kv_events_port=6000))
+    fleet.upsert(spec("b", url="http://[fd00::2]:8000", kv_events_port=6000))
     a, b = await subscriber_of("10.0.0.1"), await subscriber_of("fd00::2")
     assert a.target == SubscriberTarget("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558", "", 2.0)
     assert (b.target.endpoint, b.target.replay_endpoint) == (
@@ -145,7 +141,7 @@ async def test_new_ports_mean_a_new_subscriber_and_an_empty_index(
     old = await subscriber_of("10.0.0.1")
     old.sink.connected(True)
     old.sink.batch(0, batch(STORE))
-    fleet.upsert(spec("a", "http://10.0.0.1:8000", kv_events_port=7000))
+    fleet.upsert(spec("a", url="http://10.0.0.1:8000", kv_events_port=7000))
     indexes.tick()
     new = await subscriber_of(":7000")
     await wait_until(lambda: _true(old.cancelled), timeout=5, what="the old one cancelled")
@@ -336,7 +332,7 @@ async def test_once_closed_a_fleet_change_starts_no_subscriber(
     a = await subscriber_of("10.0.0.1")
     await indexes.close()
     assert a.cancelled
-    fleet.upsert(spec("d", "http://10.0.0.4:8000"))
+    fleet.upsert(spec("d", url="http://10.0.0.4:8000"))
     assert indexes.views() == {}  # following an engine starts at once, with its subscriber
 
 
@@ -345,7 +341,7 @@ async def test_a_crashed_subscriber_is_started_again(
 ) -> None:
     fleet, _, _ = world
     FakeSubscriber.crash = True
-    fleet.upsert(spec("c", "http://10.0.0.3:8000"))
+    fleet.upsert(spec("c", url="http://10.0.0.3:8000"))
 
     async def twice() -> bool:
         return sum("10.0.0.3" in s.target.endpoint for s in FakeSubscriber.started) == 2

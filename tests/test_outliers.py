@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from headcount._http.local import LocalRequest
 from headcount.config import HealthSettings, OutlierSettings
-from headcount.fleet import EngineSpec, EngineState, Fleet, FleetChange, ProbeResult
+from headcount.fleet import EngineState, Fleet, FleetChange, ProbeResult
 from headcount.fleet.outliers import GATEWAY_ERROR, HTTP_5XX, NOT_EJECTED, next_ejection, panicking
 from headcount.fleet.vllm_load import VllmLoad
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.metrics import Metrics
-from tests.support import FakeClock
+from tests.support import FakeClock, ready_fleet, spec
 
 __all__: list[str] = []
 
@@ -35,14 +35,8 @@ CARDS = ({"id": "m"},)
 
 def fleet_of(*names: str, outliers: OutlierSettings | None = OUTLIERS) -> tuple[Fleet, FakeClock]:
     clock = FakeClock()
-    fleet = Fleet(unhealthy_after=2, outliers=outliers, clock=clock)
-    specs = [
-        EngineSpec(id=name, name=name, url=f"http://{name}:8000", source="s") for name in names
-    ]
-    fleet.reconcile("s", specs)
-    for name in names:
-        fleet.apply_probe(name, ProbeResult(ok=True, cards=CARDS))
-    return fleet, clock
+    specs = [spec(name, url="http://{name}:8000", source="s") for name in names]
+    return ready_fleet(*specs, cards=CARDS, outliers=outliers, clock=clock), clock
 
 
 def fail(fleet: Fleet, engine_id: str, times: int, reason: str = HTTP_5XX) -> list[bool]:

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount.config import ProxySettings
-from headcount.fleet import EngineSpec, Fleet, ProbeResult
 from headcount.proxy import Proxy, payload, start_server
 from headcount.proxy.parsepool import ParsePool
 from headcount.routing import (
@@ -32,7 +31,7 @@ from headcount.routing import (
     session_key,
 )
 from headcount.surfaces.metrics import Metrics
-from tests.support import EngineConnection, raw_engine
+from tests.support import EngineConnection, raw_engine, ready_fleet, spec
 
 TIMEOUT = 10.0
 MODEL = "m"
@@ -243,11 +242,8 @@ async def proxied(
 ) -> AsyncIterator[tuple[int, Proxy]]:
     async with raw_engine(recorders[0]) as first, raw_engine(recorders[-1]) as last:
         engines = [first, last][: len(recorders)]
-        fleet = Fleet(unhealthy_after=2)
-        specs = [EngineSpec(id=e.url, name=e.url, url=e.url, source="t") for e in engines]
-        fleet.reconcile("t", specs)
-        for spec in specs:
-            fleet.apply_probe(spec.id, ProbeResult(ok=True, cards=({"id": MODEL},)))
+        specs = [spec(e.url, url=e.url) for e in engines]
+        fleet = ready_fleet(*specs, cards=({"id": MODEL},))
         proxy = Proxy(fleet, policy, settings, Metrics(lambda: fleet.snapshot), local_app)
         server = await start_server(proxy, "127.0.0.1", 0)
         try:

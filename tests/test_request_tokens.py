@@ -24,12 +24,12 @@ import pytest
 
 from headcount._http.pool import PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
-from headcount.fleet import Engine, EngineLoad, EngineSpec
+from headcount.fleet import Engine
 from headcount.routing.kv import KvRequest
 from headcount.routing.kv.prompts import EngineTokenize
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
-from tests.support import EngineConnection, raw_engine
+from tests.support import EngineConnection, engine, raw_engine
 from tests.support.kv_event_index import EventIndex
 
 BS = 4
@@ -88,9 +88,7 @@ def random_bodies(rng: random.Random, count: int) -> list[tuple[str, dict[str, A
 
 
 def target(engine_url: str) -> Engine:
-    cards = ({"id": "sim-model"}, {"id": ADAPTER, "parent": "sim-model"})
-    spec = EngineSpec(id="e", name="e", url=engine_url, source="static")
-    return Engine(spec, EngineLoad(), cards=cards)
+    return engine("e", "sim-model", adapters=[ADAPTER], url=engine_url)
 
 
 @pytest.mark.parametrize("name", ["builtin", "deepseek"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 from headcount.config import ProxySettings
-from headcount.fleet import Engine, EngineLoad, EngineSpec, EngineState
 from headcount.routing import (
     PREFIX_CHARS,
     Affinity,
@@ -17,17 +16,10 @@ from headcount.routing import (
     prompt_prefix_key,
     session_key,
 )
+from tests.support import engine
 
 REQUEST = RequestFeatures(model="m")
 EPSILON = ProxySettings().affinity_epsilon
-
-
-def engine(name: str, *, in_flight: int = 0, running: float = 0, waiting: float = 0) -> Engine:
-    return Engine(
-        spec=EngineSpec(id=name, name=name, url=f"http://{name}", source="t"),
-        load=EngineLoad(in_flight=in_flight, running=running, waiting=waiting),
-        state=EngineState.READY,
-    )
 
 
 def test_no_candidate_means_no_choice() -> None:

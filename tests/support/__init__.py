@@ -7,6 +7,7 @@ tests need. The names most tests use are importable from `tests.support`; the
 rest from their module:
 
 - `clock`: `FakeClock`, time that moves only when the test moves it.
+- `builders`: `spec`, `engine` and `ready_fleet`, one builder of each.
 - `raw_engine`: engines that say exact bytes, and a port that never accepts.
 - `metric_families`: the metric families the README promises, with their labels.
 - `kv_event_index`, `kv_fixtures`, `kv_view_double`: a simulated engine's KV
@@ -17,6 +18,7 @@ rest from their module:
 from __future__ import annotations
 
 from headcount.sim.cluster.polling import wait_until
+from tests.support.builders import engine, ready_fleet, spec
 from tests.support.clock import FakeClock
 from tests.support.metric_families import (
     EXPORTED_METRICS,
@@ -44,6 +46,9 @@ __all__ = [
     "RawEngine",
     "Script",
     "blackholed_listener",
+    "engine",
     "raw_engine",
+    "ready_fleet",
+    "spec",
     "wait_until",
 ]
