@@ -1,7 +1,7 @@
 """The access log: which requests get a line, and what the line says.
 
 `AccessLog`'s sampling is checked on its own (pure: a countdown); the lines'
-contents through the proxy of `tests/test_proxy.routed`, with a real engine, a
+contents through the proxy of `tests.support.routed.routed`, with a real engine, a
 stream cut mid-answer, a failover and a refusal, read from the
 `headcount.access` logger's records (their `extra` fields and their text).
 """
@@ -19,8 +19,20 @@ from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.tokens import builtin_tokenizer
 from tests.support import blackholed_listener
 from tests.support.kv_event_index import EventIndex
-from tests.test_kv_proxy import BS, ENGINES, QUESTIONS, ask, kv_policy, record
-from tests.test_proxy import CHAT, MODEL, SETTINGS, chat, routed, sim
+from tests.support.routed import (
+    BS,
+    CHAT,
+    ENGINES,
+    MODEL,
+    QUESTIONS,
+    SETTINGS,
+    ask,
+    chat,
+    kv_policy,
+    record,
+    routed,
+    sim,
+)
 
 __all__: list[str] = []
 

@@ -13,7 +13,7 @@ from headcount.sim.apiserver.resources import PODS
 from headcount.sim.apiserver.store import Store
 from headcount.sim.apiserver.writes import apply_as
 from tests.support import FakeClock, wait_until
-from tests.test_sim_apiserver import refused
+from tests.support.apiserver import refused
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 

@@ -4,7 +4,8 @@ Every test runs the real client against the API server emulator on loopback,
 with a real Fleet, and injects the faults that made other routers go stale:
 a blind period with a deletion, a silent stream, compacted history, an API
 server that accepts and never answers. A few tests aim a tiny server of their
-own at kube.py to feed it watch streams the emulator would never send.
+own at kube.py to feed it watch streams the emulator would never send. The
+fleet's story tells why discovery removed each engine (`tests.support.story`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from headcount.sim.apiserver import (
 )
 from headcount.sim.loopback import free_port
 from tests.support import wait_until
+from tests.support.story import lines
 
 PODS = DiscoverySettings(
     mode=DiscoveryMode.K8S_PODS,
@@ -363,6 +365,63 @@ async def test_a_service_deleted_while_blind_is_removed_by_the_relist(
         await api.restore()
         await wait_until(lambda: names(fleet) == {"default/stays"}, timeout=3.0)
         assert source.status.removed_by_relist == 1
+
+
+# --- the fleet's story: why discovery removed each engine ----------------------------------------
+
+
+async def test_discovery_tells_why_each_pod_left_the_fleet(
+    api: ApiServerSim, tmp_path: Path, story: pytest.LogCaptureFixture
+) -> None:
+    for name, ip in (("deleted", "10.0.0.1"), ("relabelled", "10.0.0.2"), ("unready", "10.0.0.3")):
+        api.apply_pod(make_pod(name, labels=ENGINE, ip=ip))
+    api.apply_pod(make_pod("terminating", labels=ENGINE, ip="10.0.0.4"))
+    async with discovery(api, tmp_path) as (_, fleet):
+        assert len(names(fleet)) == 4
+        lines(story)
+        api.delete_pod("default", "deleted", graceful=True)
+        api.patch("Pod", "default", "relabelled", {"metadata": {"labels": {"app": "web"}}})
+        api.apply_pod(make_pod("unready", labels=ENGINE, ip="10.0.0.3", ready=False))
+        api.delete_pod("default", "terminating", graceful=True)
+        api.delete_pod("default", "terminating")
+        await wait_until(lambda: not names(fleet), what="every engine gone")
+    removals = [(m.split()[1], (level, m.rsplit(": ", 1)[1])) for level, m in lines(story)]
+    told = dict(removals)
+    assert len(told) == len(removals), "one line per engine"
+    assert told == {
+        "default/deleted": (logging.INFO, "terminating"),
+        "default/relabelled": (logging.INFO, "pod deleted or no longer selected"),
+        "default/unready": (logging.WARNING, "not ready"),
+        "default/terminating": (logging.INFO, "terminating"),
+    }
+
+
+async def test_discovery_tells_why_each_service_left_the_fleet(
+    api: ApiServerSim, tmp_path: Path, story: pytest.LogCaptureFixture
+) -> None:
+    for name in ("unready", "headless", "deleted"):
+        api.apply_service(make_service(name, labels=ENGINE))
+        api.apply_endpointslice(make_endpointslice(name, [("10.1.0.1", True)]))
+    async with discovery(api, tmp_path, SERVICES) as (_, fleet):
+        assert len(names(fleet)) == 3
+        lines(story)
+        api.apply_endpointslice(make_endpointslice("unready", [("10.1.0.1", False)]))
+        api.apply_service(make_service("headless", labels=ENGINE, cluster_ip="None"))
+        api.delete_service("default", "deleted")
+        await wait_until(lambda: names(fleet) == {"default/unready"}, what="two engines gone")
+        await wait_until(lambda: not fleet.snapshot.engines[0].spec.ready, what="not ready")
+    assert sorted(lines(story)) == [
+        (
+            logging.INFO,
+            "engine default/deleted removed from k8s-services (was pending): "
+            "service deleted or no longer selected",
+        ),
+        (
+            logging.INFO,
+            "engine default/headless removed from k8s-services (was pending): headless",
+        ),
+        (logging.INFO, "engine default/unready not_ready (was pending): not ready at k8s-services"),
+    ]
 
 
 # --- the factory and the configuration -------------------------------------------------------

@@ -1,10 +1,10 @@
 """The fleet's story: one log line per engine state change, both ways, each with its reason.
 
-The fleet is driven directly (a fake clock times ejections), then discovery
-through the API server emulator for the reasons only discovery knows (a pod
-deleted, relabelled away, not ready, terminating, a deletion the watch missed).
-A steady fleet logs nothing. The JSON log mode carries each line's fields as
-top-level keys.
+The fleet is driven directly (a fake clock times ejections), then with the
+reasons only discovery knows (a pod deleted, relabelled away, not ready,
+terminating, a deletion the watch missed); discovery telling them through the
+API server emulator is in test_discovery_k8s. A steady fleet logs nothing. The
+JSON log mode carries each line's fields as top-level keys.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -24,11 +23,11 @@ from headcount.discovery.source import SourceStatus
 from headcount.fleet import EngineSpec, EngineState, ProbeResult
 from headcount.fleet.outliers import HTTP_5XX
 from headcount.logs import configure_logging
-from headcount.sim.apiserver import ApiServerSim, make_endpointslice, make_pod, make_service
-from tests.support import FakeClock, ready_fleet, wait_until
-from tests.test_discovery_k8s import ENGINE, SERVICES, api, discovery, names
+from headcount.sim.apiserver import make_pod
+from tests.support import FakeClock, ready_fleet
+from tests.support.story import lines
 
-__all__ = ["api"]
+__all__: list[str] = []
 
 CARDS = ({"id": "m"},)
 OUTLIERS = OutlierSettings(
@@ -37,20 +36,6 @@ OUTLIERS = OutlierSettings(
 SPEC = EngineSpec(id="uid-a", name="ns/a", url="http://10.0.0.1:8000", source="k8s-pods")
 OK = ProbeResult(ok=True, cards=CARDS)
 DOWN = ProbeResult(ok=False, error="/v1/models: HTTP 404")
-
-
-@pytest.fixture
-def story(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    """The lines logged at INFO and above."""
-    caplog.set_level(logging.INFO, logger="headcount")
-    return caplog
-
-
-def lines(story: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    """The fleet's lines since the last call."""
-    told = [(r.levelno, r.getMessage()) for r in story.records if r.name == "headcount.fleet"]
-    story.clear()
-    return told
 
 
 def test_an_engine_added_and_made_ready_is_told_with_its_source_and_models(
@@ -210,60 +195,6 @@ def test_a_deletion_event_says_deleted_only_when_the_object_was_being_deleted() 
     deleted = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "t"}}
     assert deleted_reason(deleted, "pod") == "pod deleted"
     assert deleted_reason(pod, "pod") == "pod deleted or no longer selected"
-
-
-async def test_discovery_tells_why_each_pod_left_the_fleet(
-    api: ApiServerSim, tmp_path: Path, story: pytest.LogCaptureFixture
-) -> None:
-    for name, ip in (("deleted", "10.0.0.1"), ("relabelled", "10.0.0.2"), ("unready", "10.0.0.3")):
-        api.apply_pod(make_pod(name, labels=ENGINE, ip=ip))
-    api.apply_pod(make_pod("terminating", labels=ENGINE, ip="10.0.0.4"))
-    async with discovery(api, tmp_path) as (_, fleet):
-        assert len(names(fleet)) == 4
-        lines(story)
-        api.delete_pod("default", "deleted", graceful=True)
-        api.patch("Pod", "default", "relabelled", {"metadata": {"labels": {"app": "web"}}})
-        api.apply_pod(make_pod("unready", labels=ENGINE, ip="10.0.0.3", ready=False))
-        api.delete_pod("default", "terminating", graceful=True)
-        api.delete_pod("default", "terminating")
-        await wait_until(lambda: not names(fleet), what="every engine gone")
-    removals = [(m.split()[1], (level, m.rsplit(": ", 1)[1])) for level, m in lines(story)]
-    told = dict(removals)
-    assert len(told) == len(removals), "one line per engine"
-    assert told == {
-        "default/deleted": (logging.INFO, "terminating"),
-        "default/relabelled": (logging.INFO, "pod deleted or no longer selected"),
-        "default/unready": (logging.WARNING, "not ready"),
-        "default/terminating": (logging.INFO, "terminating"),
-    }
-
-
-async def test_discovery_tells_why_each_service_left_the_fleet(
-    api: ApiServerSim, tmp_path: Path, story: pytest.LogCaptureFixture
-) -> None:
-    for name in ("unready", "headless", "deleted"):
-        api.apply_service(make_service(name, labels=ENGINE))
-        api.apply_endpointslice(make_endpointslice(name, [("10.1.0.1", True)]))
-    async with discovery(api, tmp_path, SERVICES) as (_, fleet):
-        assert len(names(fleet)) == 3
-        lines(story)
-        api.apply_endpointslice(make_endpointslice("unready", [("10.1.0.1", False)]))
-        api.apply_service(make_service("headless", labels=ENGINE, cluster_ip="None"))
-        api.delete_service("default", "deleted")
-        await wait_until(lambda: names(fleet) == {"default/unready"}, what="two engines gone")
-        await wait_until(lambda: not fleet.snapshot.engines[0].spec.ready, what="not ready")
-    assert sorted(lines(story)) == [
-        (
-            logging.INFO,
-            "engine default/deleted removed from k8s-services (was pending): "
-            "service deleted or no longer selected",
-        ),
-        (
-            logging.INFO,
-            "engine default/headless removed from k8s-services (was pending): headless",
-        ),
-        (logging.INFO, "engine default/unready not_ready (was pending): not ready at k8s-services"),
-    ]
 
 
 # --- JSON logs -------------------------------------------------------------------------------

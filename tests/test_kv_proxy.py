@@ -17,31 +17,22 @@ from typing import Any
 
 import pytest
 
-from headcount.config import RoutingName
-from headcount.routing import Policy, make_policy
-from headcount.routing.kv import KvRouting
 from headcount.tokens import ChatTokenizer, builtin_tokenizer
 from tests.support import raw_engine, wait_until
 from tests.support.kv_event_index import EventIndex
-from tests.test_proxy import CHAT, MODEL, Routed, Silent, routed, sim
-
-BS = 4
-SYSTEM = {"role": "system", "content": "You answer for tenant seven. " + "Be exact. " * 60}
-
-
-def ask(question: str) -> dict[str, Any]:
-    messages = [SYSTEM, {"role": "user", "content": question}]
-    return {"model": MODEL, "messages": messages, "max_tokens": 2}
-
-
-def kv_policy(index: EventIndex, tokenizer: ChatTokenizer | None = None, **options: Any) -> Policy:
-    routing = KvRouting(index=index, tokenizer=tokenizer, **options)
-    return make_policy(RoutingName.KV_AWARE, affinity_epsilon=0.5, kv=routing)
-
-
-def record(setup: Routed, index: EventIndex) -> None:
-    for engine, engine_id in zip(setup.engines, setup.engine_ids, strict=False):
-        engine.set_kv_sink(index.recorder(engine_id))
+from tests.support.routed import (
+    BS,
+    CHAT,
+    ENGINES,
+    QUESTIONS,
+    Routed,
+    Silent,
+    ask,
+    kv_policy,
+    record,
+    routed,
+    sim,
+)
 
 
 def prefill_queued(setup: Routed) -> list[int]:
@@ -60,10 +51,6 @@ async def receipts(setup: Routed, questions: list[str]) -> list[tuple[str, int, 
             (headers["x-headcount-engine"], int(headers["x-headcount-cached-tokens"]), reported)
         )
     return seen
-
-
-ENGINES = [sim(name, kv_blocks=600, block_size=BS) for name in ("a", "b", "c")]
-QUESTIONS = [f"question number {n}?" for n in range(6)]
 
 
 @pytest.mark.parametrize("tokenizer", [builtin_tokenizer(), None], ids=["router", "engine"])

@@ -1,10 +1,10 @@
 """Outcomes named truthfully: the status the client saw, how the answer ended, and route errors.
 
-A whole router (`tests/test_auth_router.router_before`, no client keys) answers
+A whole router (`tests.support.router.router_before`, no client keys) answers
 an unknown path with the router's OpenAI error shape and an `x-request-id`, and
 a wrong method on a known path with 405 and `Allow`. Through the proxy of
-`tests/test_proxy.routed`, `headcount_requests_total` records a stream cut after
-its 200 as `200`/`cut`, an engine's whole 5xx as `error`.
+`tests.support.routed.routed`, `headcount_requests_total` records a stream cut
+after its 200 as `200`/`cut`, an engine's whole 5xx as `error`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,14 @@ import aiohttp
 import pytest
 
 from headcount.surfaces.metrics import OUTCOMES
-from tests.test_auth_router import router_before
-from tests.test_proxy import CHAT, MODEL, chat, routed, sim
+from tests.support.routed import (
+    CHAT,
+    MODEL,
+    chat,
+    routed,
+    sim,
+)
+from tests.support.router import router_before
 
 __all__: list[str] = []
 

@@ -25,6 +25,7 @@ from headcount.sim.apiserver import (
     running_apiserver,
 )
 from tests.support import wait_until
+from tests.support.apiserver import refused
 
 PODS = "/api/v1/namespaces/default/pods"
 BOOKMARK_INTERVAL = 0.3
@@ -93,16 +94,6 @@ async def watching(
 async def first_event(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     async with http.get(url) as response:
         return await Stream(response).next()
-
-
-async def refused(url: str) -> bool:
-    connector = aiohttp.TCPConnector(force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as fresh:
-        try:
-            async with fresh.get(f"{url}/version", timeout=aiohttp.ClientTimeout(total=1)):
-                return False
-        except aiohttp.ClientConnectorError:
-            return True
 
 
 def names(items: list[dict[str, Any]]) -> list[str]:

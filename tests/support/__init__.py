@@ -13,6 +13,10 @@ rest from their module:
 - `kv_event_index`, `kv_fixtures`, `kv_view_double`: a simulated engine's KV
   events recorded and indexed, vLLM's own recorded events, an index view double.
 - `paths`: where the repository is.
+- `routed`: the proxy on loopback before simulated engines, kv-aware or not.
+- `router`: a whole `Router` in this process, with key files.
+- `apiserver`: the API server emulator seen from a client.
+- `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).
 """
 
 from __future__ import annotations
