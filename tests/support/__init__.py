@@ -15,7 +15,7 @@ rest from their module:
 - `paths`: where the repository is.
 - `routed`: the proxy on loopback before simulated engines, kv-aware or not.
 - `router`: a whole `Router` in this process, with key files.
-- `apiserver`: the API server emulator seen from a client.
+- `apiserver`: the API server emulator seen from a client: a bare pod, a refusal.
 - `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).
 """
 

@@ -1,10 +1,19 @@
-"""The API server emulator seen from a client that does not reuse connections."""
+"""The API server emulator seen from a client: pods as kubectl creates them, a refusal."""
 
 from __future__ import annotations
 
 import aiohttp
 
-__all__ = ["refused"]
+__all__ = ["bare_pod", "refused"]
+
+
+def bare_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, object]:
+    """A pod as kubectl creates it: a spec, no status."""
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "engine", "image": "sim"}]},
+    }
 
 
 async def refused(url: str) -> bool:

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from headcount.sim.loopback import free_port, free_port_on_all
+from tests.support import REPO
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
 KUBECTL = os.environ.get("HEADCOUNT_KUBECTL", "")
 SCRIPT_TIMEOUT = 90
 ENGINES = ("127.0.0.41", "127.0.0.42")

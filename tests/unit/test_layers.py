@@ -13,9 +13,11 @@ import ast
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from tests.support import REPO
+
 __all__: list[str] = []
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = REPO / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"", "clock", "logs"}),

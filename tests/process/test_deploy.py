@@ -36,11 +36,11 @@ import pytest
 import yaml
 
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
-from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS
+from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS, REPO
 
 __all__: list[str] = []
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
 RULES_TEST = DEPLOY / "prometheus" / "rules_test.yaml"

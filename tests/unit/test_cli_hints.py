@@ -1,9 +1,9 @@
-"""What `serve` accepts but probably does not mean is named once at start, with a hint."""
+"""What `serve` accepts but probably does not mean is named once at start, with a hint.
+
+The router logging them as it starts is tests/process/test_cli_hints.py.
+"""
 
 from __future__ import annotations
-
-import signal
-import subprocess
 
 import pytest
 
@@ -12,8 +12,6 @@ from headcount.cli.serve_flags import settings_from_args
 from headcount.cli.serve_hints import serve_hints
 from headcount.config import DiscoverySettings
 from headcount.flags.parser import given_flags
-from headcount.sim.cluster import PYTHON_CLI
-from headcount.sim.loopback import free_port
 
 
 def hints(*args: str) -> list[str]:
@@ -56,44 +54,3 @@ def test_a_watch_idle_timeout_under_the_bookmark_interval_is_named(idle: str, wa
     if warned:
         assert "bookmark interval" in found[0]
         assert "relist every 30s" in found[0]
-
-
-def test_the_router_logs_each_hint_once_and_starts() -> None:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            *PYTHON_CLI,
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backends",
-            "http://127.0.0.1:1/v1",
-            "--namespace",
-            "llm",
-            "--drain-delay",
-            "0",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stderr is not None
-        lines = []
-        for line in process.stderr:
-            lines.append(line)
-            if "headcount listening" in line or len(lines) > 50:
-                break
-        process.send_signal(signal.SIGTERM)
-        lines += process.stderr.readlines()
-        assert process.wait(timeout=20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    warnings = [line for line in lines if "WARNING headcount.cli:" in line]
-    assert len(warnings) == 2, lines
-    assert "using http://127.0.0.1:1 " in warnings[0]
-    assert "--namespace: not used with --discovery static" in warnings[1]
-    assert any("headcount listening" in line for line in lines), lines

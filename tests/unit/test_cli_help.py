@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 import pytest
 
@@ -12,6 +11,7 @@ from headcount.cli.main import _parser
 from headcount.cli.serve_flags import settings_from_args
 from headcount.config import DiscoveryMode, LogFormat, RoutingName
 from headcount.flags.parser import given_flags
+from tests.support import REPO
 
 COMMANDS = ("serve", "demo", "sim-engine", "sim-apiserver")
 _DEFAULT = re.compile(r"\(default ([^):]+)\)")
@@ -100,7 +100,7 @@ def test_only_the_flags_given_are_known_as_given() -> None:
 
 
 def test_every_serve_flag_is_in_the_readme() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     missing = [
         flag
         for action in flags("serve")

@@ -1,30 +1,18 @@
-"""The emulator's kubelet starts created pods, and its admin port answers through every fault."""
+"""The emulator's kubelet starts created pods, on a fake sleep; address ranges.
+
+The admin port answering through every fault is tests/process/test_apiserver_kubelet.py.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import aiohttp
 import pytest
 
-from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, running_apiserver
 from headcount.sim.apiserver.kubelet import POD_IP_ANNOTATION, Kubelet, address_range
 from headcount.sim.apiserver.resources import PODS
 from headcount.sim.apiserver.store import Store
 from headcount.sim.apiserver.writes import apply_as
 from tests.support import FakeClock, wait_until
-from tests.support.apiserver import refused
-
-TIMEOUT = aiohttp.ClientTimeout(total=5)
-
-
-def bare_pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, object]:
-    """A pod as kubectl creates it: a spec, no status."""
-    return {
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": {"containers": [{"name": "engine", "image": "sim"}]},
-    }
+from tests.support.apiserver import bare_pod
 
 
 def pod_status(store: Store, name: str) -> dict[str, object]:
@@ -108,31 +96,3 @@ def test_address_ranges_are_inclusive_and_checked() -> None:
     assert address_range("127.0.0.5") == ("127.0.0.5",)
     with pytest.raises(ValueError, match="below the first"):
         address_range("127.0.0.13-127.0.0.11")
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[ApiServerSim]:
-    config = ApiServerSimConfig(admin_port=0, kubelet=True, kubelet_delay=0)
-    async with running_apiserver(config) as server:
-        yield server
-
-
-async def test_admin_port_edits_the_cluster_while_the_api_port_refuses(sim: ApiServerSim) -> None:
-    admin = sim.admin_url
-    assert admin is not None and admin != sim.url
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-        async with http.put(f"{admin}/_sim/objects", json=bare_pod("engine-0")) as response:
-            assert response.status == 200
-        await wait_until(lambda: sim.pods()[0]["status"]["phase"] == "Running", timeout=5)
-        async with http.post(f"{admin}/_sim/faults/refuse", json={"seconds": 60}) as response:
-            assert response.status == 200
-        await wait_until(lambda: refused(sim.url), timeout=5, what="the refusal")
-        async with http.delete(f"{admin}/_sim/objects/pods/default/engine-0") as response:
-            assert (await response.json())["refusing"] is True
-        assert sim.pods() == []
-        async with http.get(f"{admin}/version") as response:
-            assert response.status == 404, "the admin port serves /_sim/ only"
-        async with http.post(f"{admin}/_sim/faults/restore") as response:
-            assert (await response.json())["refusing"] is False
-        async with http.get(f"{sim.url}/version") as response:
-            assert response.status == 200

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -45,13 +44,13 @@ from headcount.sim.engine import (
 )
 from headcount.sim.engine.kv_events_config import KvEventsConfig
 from headcount.sim.engine.kv_publisher import KvEventPublisher
-from tests.support import wait_until
+from tests.support import REPO, wait_until
 from tests.support.kv_fixtures import expected_batches
 
 LAYOUTS: list[Layout] = ["0.10", "current"]
 VERSION_OF: dict[Layout, str] = {"0.10": "0.10.1", "current": "0.33.0"}
 TIMEOUT_MS = 5000
-README = Path(__file__).parent.parent / "README.md"
+README = REPO / "README.md"
 
 
 class Subscriber:

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
+
 __all__: list[str] = []
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DOCUMENTS = sorted(
     [
         ROOT / "README.md",
