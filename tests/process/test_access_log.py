@@ -17,20 +17,8 @@ import pytest
 from headcount.tokens import builtin_tokenizer
 from tests.support import blackholed_listener
 from tests.support.kv_event_index import EventIndex
-from tests.support.routed import (
-    BS,
-    CHAT,
-    ENGINES,
-    MODEL,
-    QUESTIONS,
-    SETTINGS,
-    ask,
-    chat,
-    kv_policy,
-    record,
-    routed,
-    sim,
-)
+from tests.support.kv_routed import BS, ENGINES, QUESTIONS, ask, kv_policy, record
+from tests.support.routed import CHAT, MODEL, SETTINGS, chat, routed, sim
 
 __all__: list[str] = []
 

@@ -20,19 +20,8 @@ import pytest
 from headcount.tokens import ChatTokenizer, builtin_tokenizer
 from tests.support import raw_engine, wait_until
 from tests.support.kv_event_index import EventIndex
-from tests.support.routed import (
-    BS,
-    CHAT,
-    ENGINES,
-    QUESTIONS,
-    Routed,
-    Silent,
-    ask,
-    kv_policy,
-    record,
-    routed,
-    sim,
-)
+from tests.support.kv_routed import BS, ENGINES, QUESTIONS, ask, kv_policy, record
+from tests.support.routed import CHAT, Routed, Silent, routed, sim
 
 
 def prefill_queued(setup: Routed) -> list[int]:

@@ -15,13 +15,7 @@ import aiohttp
 import pytest
 
 from headcount.surfaces.metrics import OUTCOMES
-from tests.support.routed import (
-    CHAT,
-    MODEL,
-    chat,
-    routed,
-    sim,
-)
+from tests.support.routed import CHAT, MODEL, chat, routed, sim
 from tests.support.router import router_before
 
 __all__: list[str] = []

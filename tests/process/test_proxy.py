@@ -28,17 +28,7 @@ from headcount.fleet import EngineState, ProbeResult
 from headcount.routing import make_policy
 from headcount.sim.engine import EngineSimConfig
 from tests.support import EngineConnection, Script, blackholed_listener, raw_engine, wait_until
-from tests.support.routed import (
-    CHAT,
-    MODEL,
-    SETTINGS,
-    TIMEOUT,
-    Routed,
-    Silent,
-    chat,
-    routed,
-    sim,
-)
+from tests.support.routed import CHAT, MODEL, SETTINGS, TIMEOUT, Routed, Silent, chat, routed, sim
 
 RELEASE_TIMEOUT = 3.0
 """Under the read timeout: an engine released in time was released by the disconnect."""

@@ -13,7 +13,7 @@ rest from their module:
 - `kv_event_index`, `kv_fixtures`, `kv_view_double`: a simulated engine's KV
   events recorded and indexed, vLLM's own recorded events, an index view double.
 - `paths`: where the repository is.
-- `routed`: the proxy on loopback before simulated engines, kv-aware or not.
+- `routed`, `kv_routed`: the proxy on loopback before simulated engines; routing kv-aware.
 - `router`: a whole `Router` in this process, with key files.
 - `apiserver`: the API server emulator seen from a client: a bare pod, a refusal.
 - `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).

@@ -3,9 +3,7 @@
 `routed` starts `Proxy` with a fleet built as discovery would build it from
 engine URLs (each one's id), then marked probed; `Routed` is what a test holds:
 the proxy, its fleet and metrics, the engines and a client session. `Silent` is
-a raw engine that never answers. The kv-aware half: requests sharing a long
-system prompt, a `kv-aware` policy over an `EventIndex`, and the engines'
-recorders wired to it.
+a raw engine that never answers.
 """
 
 from __future__ import annotations
@@ -23,34 +21,24 @@ import aiohttp
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount._http.pool import Dial
 from headcount._http.resolve import Resolver
-from headcount.config import OutlierSettings, ProxySettings, RoutingName
+from headcount.config import OutlierSettings, ProxySettings
 from headcount.fleet import Fleet
 from headcount.proxy import Proxy, start_server
-from headcount.routing import Policy, RoundRobin, make_policy
-from headcount.routing.kv import KvRouting
+from headcount.routing import Policy, RoundRobin
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from headcount.surfaces.metrics import Metrics
-from headcount.tokens import ChatTokenizer
 from tests.support.builders import ready_fleet, spec
-from tests.support.kv_event_index import EventIndex
 from tests.support.raw_engine import EngineConnection
 
 __all__ = [
-    "BS",
     "CHAT",
-    "ENGINES",
     "MODEL",
-    "QUESTIONS",
     "SETTINGS",
-    "SYSTEM",
     "TIMEOUT",
     "Routed",
     "Silent",
-    "ask",
     "chat",
-    "kv_policy",
     "local_app",
-    "record",
     "routed",
     "sim",
 ]
@@ -176,28 +164,3 @@ class Silent:
                 return
             await self.release.wait()
             await conn.send(self.answer)
-
-
-# -- kv-aware routing --------------------------------------------------------------------------
-
-BS = 4
-SYSTEM = {"role": "system", "content": "You answer for tenant seven. " + "Be exact. " * 60}
-
-
-def ask(question: str) -> dict[str, Any]:
-    messages = [SYSTEM, {"role": "user", "content": question}]
-    return {"model": MODEL, "messages": messages, "max_tokens": 2}
-
-
-def kv_policy(index: EventIndex, tokenizer: ChatTokenizer | None = None, **options: Any) -> Policy:
-    routing = KvRouting(index=index, tokenizer=tokenizer, **options)
-    return make_policy(RoutingName.KV_AWARE, affinity_epsilon=0.5, kv=routing)
-
-
-def record(setup: Routed, index: EventIndex) -> None:
-    for engine, engine_id in zip(setup.engines, setup.engine_ids, strict=False):
-        engine.set_kv_sink(index.recorder(engine_id))
-
-
-ENGINES = [sim(name, kv_blocks=600, block_size=BS) for name in ("a", "b", "c")]
-QUESTIONS = [f"question number {n}?" for n in range(6)]
