@@ -2,7 +2,7 @@
 
 The rules are copied as text from their `groups:` line on, indented under
 `spec:`, so comments and block scalars stay as written and the two files can
-differ in nothing but the wrapper. tests/test_deploy.py fails while
+differ in nothing but the wrapper. tests/process/test_deploy.py fails while
 prometheusrule.yaml is out of date. Standard library only:
 
     python3 deploy/components/prometheus-rule/generate.py

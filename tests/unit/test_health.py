@@ -1,0 +1,132 @@
+"""Health evaluation is a pure function of freshness, the fleet and the time."""
+
+from __future__ import annotations
+
+from headcount.config import HealthSettings, ProbeSettings
+from headcount.discovery.source import SourceStatus
+from headcount.fleet import Fleet, Snapshot
+from headcount.surfaces.health import Status, evaluate, render_checks
+from tests.support import ready_fleet, spec
+
+SETTINGS = HealthSettings(discovery_stale_after=120, discovery_dead_after=300)
+PROBE = ProbeSettings()
+
+
+def routable_snapshot(count: int = 1) -> Snapshot:
+    specs = [spec(f"e{i}", url="http://x", source="k") for i in range(count)]
+    return ready_fleet(*specs).snapshot
+
+
+def synced_source(at: float) -> SourceStatus:
+    status = SourceStatus(name="pods", kind="k8s-pods", synced=True)
+    status.last_list_success = at
+    status.last_attempt_finished = at
+    status.watch_connected = True
+    return status
+
+
+def judge(source: SourceStatus, now: float, snapshot: Snapshot | None = None, **kw: object):  # type: ignore[no-untyped-def]
+    settings = kw.pop("settings", SETTINGS)
+    return evaluate(
+        [source],
+        snapshot if snapshot is not None else routable_snapshot(),
+        settings,  # type: ignore[arg-type]
+        now=now,
+        started=0.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_fresh_synced_router_with_engines_is_ok_live_and_ready() -> None:
+    report = judge(synced_source(100.0), now=110.0)
+    assert report.status is Status.OK and report.is_live and report.is_ready
+
+
+def test_not_synced_is_not_ready_and_unavailable() -> None:
+    report = judge(SourceStatus(name="pods", kind="k8s-pods"), now=1.0)
+    assert not report.is_ready and report.status is Status.UNAVAILABLE
+    assert report.is_live
+
+
+def test_stale_discovery_is_degraded_but_still_ready_by_default() -> None:
+    report = judge(synced_source(0.0), now=121.0)
+    assert report.status is Status.DEGRADED
+    assert report.is_ready
+    assert "discovery stale: pods" in report.body["reasons"]
+
+
+def test_stale_discovery_fails_readiness_when_required() -> None:
+    settings = HealthSettings(discovery_stale_after=120, ready_requires_fresh=True)
+    assert not judge(synced_source(0.0), now=121.0, settings=settings).is_ready
+    assert judge(synced_source(0.0), now=119.0, settings=settings).is_ready
+
+
+def test_watch_events_and_bookmarks_count_as_freshness() -> None:
+    source = synced_source(0.0)
+    source.last_event = 200.0
+    assert judge(source, now=250.0).status is Status.OK
+
+
+def test_unreachable_api_alone_never_fails_liveness() -> None:
+    source = synced_source(0.0)
+    source.last_attempt_finished = 990.0
+    source.last_error = "connection refused"
+    report = judge(source, now=1000.0)
+    assert report.is_live and report.status is Status.DEGRADED
+
+
+def test_wedged_loop_fails_liveness_after_the_bound() -> None:
+    source = synced_source(0.0)
+    assert judge(source, now=299.0).is_live
+    report = judge(source, now=301.0)
+    assert not report.is_live
+    assert "no progress for 301s" in report.live[0].reason
+    assert report.status is Status.UNAVAILABLE
+
+
+def test_dead_loop_fails_liveness_at_once() -> None:
+    report = judge(synced_source(0.0), now=1.0, dead_sources={"pods"})
+    assert not report.is_live and "stopped" in report.live[0].reason
+
+
+def test_no_routable_engine_is_unavailable_but_ready_unless_required() -> None:
+    empty = Fleet(unhealthy_after=PROBE.unhealthy_after).snapshot
+    assert judge(synced_source(0.0), now=1.0, snapshot=empty).is_ready
+    report = judge(synced_source(0.0), now=1.0, snapshot=empty)
+    assert report.status is Status.UNAVAILABLE
+    settings = HealthSettings(ready_requires_engines=True)
+    assert not judge(synced_source(0.0), now=1.0, snapshot=empty, settings=settings).is_ready
+
+
+def test_shutting_down_is_not_ready() -> None:
+    report = judge(synced_source(0.0), now=1.0, shutting_down=True)
+    assert not report.is_ready and report.is_live
+
+
+def test_static_source_never_goes_stale() -> None:
+    static = SourceStatus(name="static", kind="static", can_go_stale=False, synced=True)
+    static.last_list_success = 0.0
+    report = judge(static, now=10_000.0)
+    assert report.status is Status.OK and report.is_live
+
+
+def test_health_body_reports_ages_relists_and_engines() -> None:
+    source = synced_source(90.0)
+    source.relists["watch-ended"] += 2
+    source.removed_by_relist = 1
+    body = judge(source, now=100.0, snapshot=routable_snapshot(2)).body
+    described = body["sources"][0]
+    assert described["last_list_age_seconds"] == 10.0
+    assert described["relists"] == {"watch-ended": 2}
+    assert described["removed_by_relist"] == 1
+    assert body["engines"]["routable"] == 2 and body["engines"]["ready"] == 2
+
+
+def test_rendered_checks_follow_the_kubernetes_format() -> None:
+    report = judge(synced_source(0.0), now=1.0, shutting_down=True)
+    status, text = render_checks("readyz", report.ready, verbose=False)
+    assert status == 503
+    assert "[+]synced ok" in text and "[-]shutdown failed: shutting down" in text
+    assert render_checks("livez", report.live, verbose=False) == (200, "ok\n")
+    status, text = render_checks("livez", report.live, verbose=True)
+    assert text.endswith("livez check passed\n")

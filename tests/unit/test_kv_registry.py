@@ -1,0 +1,405 @@
+"""The registry of engine indexes: it follows the fleet, and each engine's stream moves its trust.
+
+Subscribers are fakes that hand over their sink, so a test plays the stream's
+part (connected, batches, gaps, clears) on a fake clock, and plays the
+engine's scrape through the fleet's `apply_probe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from headcount.fleet import Fleet, ProbeResult
+from headcount.fleet.vllm_load import VllmLoad
+from headcount.kvevents import BlockRemoved, BlockStored, EventBatch, KvEvent
+from headcount.kvindex.keys import block_keys
+from headcount.kvindex.registry import KvIndexes
+from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
+from headcount.kvindex.trust import IndexTrust
+from tests.support import FakeClock, spec, wait_until
+
+__all__: list[str] = []
+
+BLOCK = 4
+PROMPT = list(range(16))
+
+
+class FakeSubscriber:
+    """Stands for one engine's subscriber: runs until cancelled; `crash` makes the next raise."""
+
+    started: list[FakeSubscriber] = []
+    crash = False
+
+    def __init__(self, target: SubscriberTarget, sink: StreamSink) -> None:
+        self.target, self.sink = target, sink
+        self.cancelled = False
+
+    async def run(self) -> None:
+        FakeSubscriber.started.append(self)
+        if FakeSubscriber.crash:
+            FakeSubscriber.crash = False
+            raise RuntimeError("boom")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.cancelled = True
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
+    FakeSubscriber.started = []
+    clock = FakeClock()
+    fleet = Fleet(unhealthy_after=1, clock=clock)
+    indexes = KvIndexes(
+        fleet,
+        subscriber=FakeSubscriber,
+        port=5557,
+        replay_port=5558,
+        topic="",
+        idle_timeout=10.0,
+        replay_timeout=2.0,
+        clock=clock,
+        rebuild_window=30.0,
+        check_window=30.0,
+        tick=3600.0,
+    )
+    fleet.reconcile("static", [spec("a", url="http://10.0.0.1:8000")])
+    indexes.start()
+    try:
+        yield fleet, indexes, clock
+    finally:
+        await indexes.close()
+
+
+async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
+    async def started() -> bool:
+        return any(engine_url_host in s.target.endpoint for s in FakeSubscriber.started)
+
+    await wait_until(started, timeout=5, what=f"a subscriber for {engine_url_host}")
+    return next(s for s in FakeSubscriber.started if engine_url_host in s.target.endpoint)
+
+
+async def engine_a_connected() -> StreamSink:
+    """Engine a's sink, its publisher reached, nothing sent yet."""
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
+    return sink
+
+
+async def engine_a_holding_the_prompt() -> StreamSink:
+    """Engine a's sink, connected, after a batch that stored the prompt's 4 blocks."""
+    sink = await engine_a_connected()
+    sink.batch(0, batch(STORE))
+    return sink
+
+
+def batch(*events: KvEvent) -> EventBatch:
+    return EventBatch(0.0, list(events))
+
+
+STORE = BlockStored([1, 2, 3, 4], None, PROMPT, BLOCK)
+KEYS = block_keys(PROMPT, BLOCK, None)
+
+
+async def test_each_engine_gets_a_subscriber_on_its_host_with_annotated_or_default_ports(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, _, _ = world
+    fleet.upsert(spec("b", url="http://[fd00::2]:8000", kv_events_port=6000))
+    a, b = await subscriber_of("10.0.0.1"), await subscriber_of("fd00::2")
+    assert a.target == SubscriberTarget("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558", "", 2.0)
+    assert (b.target.endpoint, b.target.replay_endpoint) == (
+        "tcp://[fd00::2]:6000",
+        "tcp://[fd00::2]:5558",
+    )
+
+
+async def test_a_removed_engine_leaves_nothing_behind(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    a = await subscriber_of("10.0.0.1")
+    a.sink.connected(True)
+    a.sink.batch(0, batch(STORE))
+    answered(indexes, 12)
+    assert indexes.match("a", KEYS) == 4
+    fleet.reconcile("static", [])
+    await wait_until(lambda: _true(a.cancelled), timeout=5, what="the subscriber cancelled")
+    assert indexes.views() == {}
+    assert indexes.match("a", KEYS) is None
+    assert indexes.block_size("a") is None
+    assert indexes._engines == {}
+
+
+async def test_new_ports_mean_a_new_subscriber_and_an_empty_index(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    old = await subscriber_of("10.0.0.1")
+    old.sink.connected(True)
+    old.sink.batch(0, batch(STORE))
+    fleet.upsert(spec("a", url="http://10.0.0.1:8000", kv_events_port=7000))
+    indexes.tick()
+    new = await subscriber_of(":7000")
+    await wait_until(lambda: _true(old.cancelled), timeout=5, what="the old one cancelled")
+    new.sink.connected(True)
+    assert indexes.match("a", KEYS) == 0
+
+
+async def test_events_build_the_index_and_routing_reads_it_while_usable(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    assert indexes.match("a", KEYS) is None  # off: no publisher yet
+    sink.connected(True)
+    sink.batch(0, batch(STORE, BlockRemoved([3])))
+    assert indexes.match("a", KEYS) == 2
+    assert indexes.block_size("a") == BLOCK
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.events_applied) == (IndexTrust.SYNCED, 3, 2)
+
+
+async def test_overdue_events_make_it_stale_and_a_batch_makes_it_synced_again(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = await engine_a_holding_the_prompt()
+    indexes.prefilled("a", 0, 0)
+    clock.now += 60
+    indexes.tick()
+    assert indexes.match("a", KEYS) == 4  # nothing new was stored: no event was due
+    indexes.prefilled("a", 2, 0)
+    clock.now += 9
+    indexes.tick()
+    assert indexes.match("a", KEYS) == 4
+    clock.now += 2
+    indexes.tick()
+    assert indexes.match("a", KEYS) is None
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.reason) == (
+        IndexTrust.STALE,
+        "no event for 11s after 1 request was answered",
+    )
+    sink.batch(1, batch())
+    assert indexes.match("a", KEYS) == 4
+    indexes.prefilled("a", 1, 0)
+    indexes.prefilled("a", 1, 0)
+    clock.now += 10
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None and view.reason == "no event for 10s after 2 requests were answered"
+
+
+async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = await engine_a_holding_the_prompt()
+    sink.gap(1, 5)
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    assert indexes.match("a", KEYS) == 4  # rebuilding: true, maybe incomplete, still used
+    sink.replayed(False)
+    assert _trust(indexes) is IndexTrust.REBUILDING  # not synced for a moment in between
+    sink.clear(ClearReason.GAP)
+    view = indexes.view("a")
+    assert view is not None and view.blocks == 0
+    assert view.reason == "rebuilding for 0s: cleared, the replay could not fill the gap 1..4"
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)  # hints
+    clock.now += 29
+    indexes.tick()
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)
+    clock.now += 1
+    indexes.tick()
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.gaps, view.replays_failed, view.clears[ClearReason.GAP]) == (1, 1, 1)
+
+
+async def test_a_restart_empties_the_index_and_leaves_it_synced(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = await engine_a_holding_the_prompt()
+    sink.clear(ClearReason.RESTART)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
+
+
+async def test_a_restart_during_a_gap_rebuilds_until_the_replay_ends(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = await engine_a_connected()
+    sink.gap(0, 3)
+    sink.clear(ClearReason.RESTART)
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    sink.replayed(True)
+    assert _trust(indexes) is IndexTrust.SYNCED
+
+
+async def test_a_lost_publisher_is_off_until_it_is_reached_again(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, _ = world
+    sink = await engine_a_holding_the_prompt()
+    sink.connected(False)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.OFF, None)
+    view = indexes.view("a")
+    assert view is not None and view.reason == "lost the publisher at tcp://10.0.0.1:5557"
+    sink.connected(True)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 4)
+
+
+async def test_blocks_after_a_missed_prefix_rebuild_for_a_window_then_sync(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = await engine_a_connected()
+    sink.batch(0, batch(BlockStored([9], 77, PROMPT[:BLOCK], BLOCK), STORE))
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.REBUILDING, 4)
+    clock.now += 20
+    sink.batch(1, batch(BlockStored([10], 78, PROMPT[:BLOCK], BLOCK)))
+    clock.now += 20
+    indexes.tick()
+    assert _trust(indexes) is IndexTrust.REBUILDING  # the second one restarted the window
+    clock.now += 10
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.unknown_parents) == (IndexTrust.SYNCED, 2)
+
+
+async def test_more_blocks_than_the_engine_advertises_is_an_overflow(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    sink = await engine_a_connected()
+    fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(kv_capacity_blocks=3)))
+    indexes.tick()
+    sink.batch(0, batch(STORE))
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.capacity) == (IndexTrust.REBUILDING, 0, 3)
+    assert view.clears[ClearReason.OVERFLOW] == 1
+
+
+async def test_hits_below_the_predictions_make_it_stale_until_a_window_agrees(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, clock = world
+    await engine_a_holding_the_prompt()
+
+    scrape(fleet, indexes, 100)
+    for _ in range(8):
+        answered(indexes, 12)
+    clock.now += 31
+    scrape(fleet, indexes, 100 + 96 / 2 - 2 * BLOCK)  # just enough: agrees
+    assert _trust(indexes) is IndexTrust.SYNCED
+    for _ in range(8):
+        answered(indexes, 12)
+    clock.now += 31
+    scrape(fleet, indexes, 141 + 10)
+    view = indexes.view("a")
+    assert view is not None and view.trust is IndexTrust.STALE
+    assert "the index predicted 96" in view.reason
+    assert (view.blocks, view.clears[ClearReason.DISAGREEMENT]) == (0, 1)
+    assert indexes.match("a", KEYS) is None
+    for _ in range(7):
+        answered(indexes, 0)
+    clock.now += 31
+    scrape(fleet, indexes, 151)
+    assert _trust(indexes) is IndexTrust.STALE  # seven requests are no window
+    answered(indexes, 0)
+    scrape(fleet, indexes, 151)
+    assert indexes.match("a", KEYS) == 0  # usable again, and empty
+    assert _trust(indexes) is IndexTrust.REBUILDING
+    clock.now += 30
+    indexes.tick()
+    assert _trust(indexes) is IndexTrust.SYNCED
+    assert view.predicted_hit_tokens == 192
+
+
+async def test_once_closed_a_fleet_change_starts_no_subscriber(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, _ = world
+    a = await subscriber_of("10.0.0.1")
+    await indexes.close()
+    assert a.cancelled
+    fleet.upsert(spec("d", url="http://10.0.0.4:8000"))
+    assert indexes.views() == {}  # following an engine starts at once, with its subscriber
+
+
+async def test_a_crashed_subscriber_is_started_again(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, _, _ = world
+    FakeSubscriber.crash = True
+    fleet.upsert(spec("c", url="http://10.0.0.3:8000"))
+
+    async def twice() -> bool:
+        return sum("10.0.0.3" in s.target.endpoint for s in FakeSubscriber.started) == 2
+
+    await wait_until(twice, timeout=5, what="the subscriber started again")
+
+
+def scrape(fleet: Fleet, indexes: KvIndexes, hits: float) -> None:
+    """Engine a's `/metrics` said `hits` prefix-cache hit tokens; then a tick."""
+    fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(prefix_cache_hits=hits)))
+    indexes.tick()
+
+
+def answered(indexes: KvIndexes, predicted: int) -> None:
+    """A request routed to engine a, with `predicted` tokens cached, got its first byte."""
+    indexes.routed("a", 16, predicted)
+    indexes.prefilled("a", 0, predicted)
+
+
+def _trust(indexes: KvIndexes) -> IndexTrust:
+    view = indexes.view("a")
+    assert view is not None
+    return view.trust
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_hit_counter_going_back_clears_an_index_whose_stream_missed_the_restart(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, clock = world
+    await engine_a_holding_the_prompt()
+
+    scrape(fleet, indexes, 500)
+    clock.now += 5
+    scrape(fleet, indexes, 20)
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.clears[ClearReason.RESTART]) == (
+        IndexTrust.REBUILDING,
+        0,
+        1,
+    )
+
+
+async def test_a_restart_the_stream_showed_is_not_cleared_again_by_the_counter(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    fleet, indexes, clock = world
+    sink = await engine_a_holding_the_prompt()
+
+    scrape(fleet, indexes, 500)
+    clock.now += 1
+    sink.clear(ClearReason.RESTART)
+    sink.batch(0, batch(STORE))
+    clock.now += 4
+    scrape(fleet, indexes, 20)
+    assert indexes.match("a", KEYS) == 4
+    assert _trust(indexes) is IndexTrust.SYNCED
