@@ -893,7 +893,7 @@ async def test_a_large_read_is_parsed_a_slice_per_loop_iteration() -> None:
         + frames
         + b"0\r\n\r\n"
     )
-    assert 0 < protocol._body_size < 16_384  # one slice of 16 KiB parsed, the rest later
+    assert 0 < protocol._message.body_size < 16_384  # one slice of 16 KiB parsed, the rest later
     await wait_for(lambda: app.dispatched == 1)
     assert split_responses(bytes(transport.written))[0][0] == 200
     assert json.loads(split_responses(bytes(transport.written))[0][1])["body"] == "ab" * 32_000

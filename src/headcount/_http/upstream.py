@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from contextlib import suppress
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import NoReturn, Protocol, cast
 
 import httptools
 
@@ -36,13 +36,13 @@ from headcount._http.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from headcount._http.head import Head, HeadReader
 
-if TYPE_CHECKING:
-    from headcount._http.pool import UpstreamPool
-
-__all__ = ["ResponseHead", "ResponseListener", "UpstreamConnection"]
+__all__ = ["ConnectionOwner", "ResponseHead", "ResponseListener", "UpstreamConnection"]
 
 _NO_BODY_STATUSES = frozenset({204, 304})
+_NOTED = (b"transfer-encoding",)
+"""Besides Content-Length, the header that says how a response's body ends."""
 _KEEPALIVE_TUNING = tuple(
     (getattr(socket, name), value)
     for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
@@ -52,18 +52,42 @@ _KEEPALIVE_TUNING = tuple(
 (no FIN, no RST) is found in about a minute instead of Linux's default two hours."""
 
 
-class ResponseHead:
-    """Status line and headers of an engine's response; header names lowercased."""
+class ResponseHead(Head):
+    """Status line and headers of an engine's response; header names lowercased.
 
-    __slots__ = ("content_length", "headers", "reason", "status")
+    The connection reads each response's head into a fresh one and hands the final one
+    over as it is (`status` is set once the head is whole).
+    """
 
-    def __init__(
-        self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]], length: int | None
-    ) -> None:
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-        self.content_length = length
+    __slots__ = ("chunked", "reason", "status")
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_length: int | None = None
+        self.size = 0
+        self.raw = 0
+        self.status = 0
+        self.reason = b""
+        self.chunked = False
+
+
+class ConnectionOwner(Protocol):
+    """What a connection needs of the pool that opened it: its timing, its limit, and
+    where the connection goes when it is idle again or gone."""
+
+    read_timeout: float
+    """Longest silence between two bytes of a response."""
+    idle_timeout: float
+    """How long an idle connection may wait in the pool."""
+    tick: float
+    """How often the connection's one timer looks at its deadline."""
+    max_head_size: int
+
+    def release(self, connection: UpstreamConnection) -> None:
+        """A clean, complete exchange: the connection may be reused."""
+
+    def discard(self, connection: UpstreamConnection) -> None:
+        """The connection is closing: it must not be handed out again."""
 
 
 class ResponseListener(Protocol):
@@ -81,19 +105,14 @@ class _Violation(Exception):
     """Raised from a parser callback to stop parsing; the reason is in `_violation`."""
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(HeadReader[ResponseHead]):
     """One keep-alive connection to an engine, parsing responses with httptools."""
 
     __slots__ = (
         "_body",
-        "_chunked",
         "_complete",
-        "_content_length",
         "_deadline",
         "_head",
-        "_head_raw",
-        "_head_size",
-        "_headers",
         "_in_head",
         "_interim",
         "_keep_alive",
@@ -102,7 +121,6 @@ class UpstreamConnection(asyncio.Protocol):
         "_parser",
         "_paused",
         "_pool",
-        "_reason",
         "_received",
         "_sent",
         "_timer",
@@ -112,7 +130,8 @@ class UpstreamConnection(asyncio.Protocol):
         "closed",
     )
 
-    def __init__(self, pool: UpstreamPool, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, pool: ConnectionOwner, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(ResponseHead(), pool.max_head_size, _NOTED)
         self._pool = pool
         self._loop = loop
         self._parser = httptools.HttpResponseParser(self)
@@ -122,29 +141,20 @@ class UpstreamConnection(asyncio.Protocol):
         self._deadline = 0.0
         self._sent = 0
         self._paused = False
+        self._in_head = False
         self.closed = False
         self._reset()
-        self._new_message()
 
     def _reset(self) -> None:
         self._received = False
         self._body: list[bytes] = []
         self._head: ResponseHead | None = None
+        """The final head, until the listener has it."""
         self._complete = False
         self._interim = False
         self._until_close = False
         self._keep_alive = True
         self._violation = ""
-        self._head_raw = 0  # what each message has of its own is reset as it begins
-
-    def _new_message(self) -> None:
-        """Forget what an interim response said: the final one brings its own head."""
-        self._reason = b""
-        self._headers: list[tuple[bytes, bytes]] = []
-        self._content_length: int | None = None
-        self._chunked = False
-        self._head_size = 0
-        self._in_head = False
 
     # -- used by the proxy --------------------------------------------------------------------
 
@@ -220,13 +230,9 @@ class UpstreamConnection(asyncio.Protocol):
             else:
                 self._fail(StreamBroken(f"malformed response: {exc}"))
             return
-        if self._in_head:
-            # httptools joins a header value split over reads before calling on_header:
-            # bound what it may accumulate (counted per read, so up to one read over).
-            self._head_raw += len(data)
-            if self._head_raw > 2 * self._pool.max_head_size:
-                self._fail(ProtocolViolation(self._head_too_large()))
-                return
+        if self._in_head and self._count_raw(len(data)):  # all of it: up to one read over
+            self._fail(ProtocolViolation(self._too_large()))
+            return
         head = self._head
         self._head = None
         parts = self._body
@@ -274,27 +280,15 @@ class UpstreamConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._complete:
             self._violate("bytes after the complete response")
-        self._new_message()
+        self._message = ResponseHead()  # an interim response's head is forgotten
         self._in_head = True
 
     def on_status(self, reason: bytes) -> None:
-        self._reason += reason
+        self._message.reason += reason
         self._count_head(len(reason))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self._headers.append((name, value))
-        self._head_size += len(name) + len(value) + 4  # `_count_head` inlined: once per header
-        if self._head_size > self._pool.max_head_size:
-            self._violate(self._head_too_large())
-        if name == b"content-length":
-            self._content_length = int(value)
-        elif name == b"transfer-encoding":
-            self._chunked = b"chunked" in value.lower()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._head_raw = 0
         parser = self._parser
         status: int = parser.get_status_code()
         if not 100 <= status <= 599:
@@ -305,9 +299,12 @@ class UpstreamConnection(asyncio.Protocol):
             self._interim = True  # 100 Continue, 103 Early Hints: the final response follows
             return
         self._keep_alive = parser.should_keep_alive()
-        length = self._content_length
-        self._until_close = length is None and not self._chunked and status not in _NO_BODY_STATUSES
-        self._head = ResponseHead(status, self._reason, self._headers, length)
+        head = self._message
+        head.status = status
+        self._until_close = (
+            head.content_length is None and not head.chunked and status not in _NO_BODY_STATUSES
+        )
+        self._head = head
 
     def on_body(self, body: bytes) -> None:
         if self._interim:
@@ -322,18 +319,19 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _violate(self, what: str) -> None:
+    def _violate(self, what: str) -> NoReturn:
         """Stop parsing: `data_received` turns this into a `ProtocolViolation`."""
         self._violation = what
         raise _Violation
 
-    def _count_head(self, size: int) -> None:
-        self._head_size += size
-        if self._head_size > self._pool.max_head_size:
-            self._violate(self._head_too_large())
+    def _note(self, name: bytes, value: bytes) -> None:
+        self._message.chunked = b"chunked" in value.lower()  # the one name in `_NOTED`
 
-    def _head_too_large(self) -> str:
-        return f"response head over {self._pool.max_head_size} bytes"
+    def _head_too_large(self) -> NoReturn:
+        self._violate(self._too_large())
+
+    def _too_large(self) -> str:
+        return f"response head over {self._max_head_size} bytes"
 
     def _release(self) -> None:
         # The last read moved the deadline to now + read_timeout; from now on it is idle.
