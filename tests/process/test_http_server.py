@@ -28,95 +28,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headcount._http.connections import ConnectionRegistry
-from headcount._http.handler import Request, Responder
 from headcount._http.server import HttpServerProtocol, ServerLimits
 from tests.support import wait_until
+from tests.support.http_server import LIMITS, EchoApp, RecordingTransport
 
 TIMEOUT = 5.0
-LIMITS = ServerLimits(
-    max_header_size=4096, max_body_size=1000, keepalive_timeout=5.0, max_pipeline=16
-)
-
-
-class Lost:
-    """An ExchangeListener that remembers whether its client went away or paused."""
-
-    def __init__(self) -> None:
-        self.lost = False
-        self.paused = False
-
-    def client_lost(self) -> None:
-        self.lost = True
-
-    def client_paused(self) -> None:
-        self.paused = True
-
-    def client_resumed(self) -> None:
-        pass
-
-
-class Flood(Lost):
-    """Streams 64 KiB chunks whenever the client takes them, as an engine's answer would."""
-
-    def __init__(self, responder: Responder) -> None:
-        super().__init__()
-        self.responder = responder
-        self.budget = 1000  # chunks: 64 MiB at most
-
-    def client_resumed(self) -> None:
-        self.paused = False
-        while not self.paused and not self.lost and self.budget > 0:
-            self.budget -= 1
-            self.responder.write(b"x" * 65536, False)
-
-
-class EchoApp:
-    """Answers with what it received; `/slow` answers after a delay, `/stream` in parts."""
-
-    def __init__(self) -> None:
-        self.listeners: list[Lost] = []
-        self.dispatched = 0
-
-    def __call__(self, request: Request, responder: Responder) -> None:
-        self.dispatched += 1
-        if request.path == b"/slow":
-            listener = Lost()
-            self.listeners.append(listener)
-            responder.attach(listener)
-            asyncio.get_running_loop().call_later(0.2, self._echo, request, responder)
-        elif request.path == b"/stream":
-            responder.start(200, b"OK", b"content-type: text/plain\r\n", None, b"one,", False)
-            loop = asyncio.get_running_loop()
-            loop.call_later(0.02, responder.write, b"two,", False)
-            loop.call_later(0.04, responder.write, b"three", True)
-        elif request.path == b"/nodelay":
-            sock = responder._transport.get_extra_info("socket")  # type: ignore[attr-defined]
-            nodelay = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-            responder.respond(200, b"", b"%d" % nodelay)
-        elif request.path == b"/hang":
-            listener = Lost()
-            self.listeners.append(listener)
-            responder.attach(listener)
-        elif request.path == b"/big":
-            responder.respond(200, b"", b"x" * int(request.query or b"65536"))
-        elif request.path == b"/flood":
-            listener = Flood(responder)
-            self.listeners.append(listener)
-            responder.attach(listener)
-            responder.start(200, b"OK", b"", None, b"", False)
-            listener.client_resumed()
-        else:
-            self._echo(request, responder)
-
-    def _echo(self, request: Request, responder: Responder) -> None:
-        document = {
-            "method": request.method.decode(),
-            "path": request.path.decode(),
-            "query": request.query.decode(),
-            "headers": {name.decode(): value.decode() for name, value in request.headers},
-            "body": request.body.decode(),
-        }
-        responder.respond(200, b"content-type: application/json\r\n", json.dumps(document).encode())
 
 
 class Server:
@@ -525,39 +441,6 @@ async def wait_for(condition: Callable[[], object]) -> None:
 # -- byte-split input -----------------------------------------------------------------------
 
 
-class RecordingTransport(asyncio.Transport):
-    """The least a protocol needs from a transport: it records what is written."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-
 async def feed_bytewise(data: bytes, limits: ServerLimits = LIMITS) -> bytes:
     """Feed `data` one byte per read to a fresh connection; return what it wrote back."""
     return await feed_pieces([data[index : index + 1] for index in range(len(data))], limits)
@@ -748,6 +631,24 @@ async def test_a_body_of_over_256_tiny_chunks_gets_400_and_the_connection_closes
         writer.close()
     finally:
         running.server.close()
+
+
+@pytest.mark.parametrize("chunks", [256, 257])
+async def test_tiny_chunks_are_counted_as_chunks_however_the_reads_cut_them(chunks: int) -> None:
+    # A read ending inside a chunk gives it two body callbacks: counted that way, 256 chunks
+    # cut into many reads, or pipelined behind a GET, were refused as if they were more.
+    limits = dataclasses.replace(LIMITS, max_body_size=1 << 20)
+    head = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    request = head + chunked(b"k" * 17 * chunks, 17)
+    expected = 200 if chunks == 256 else 400
+    ways = {
+        "one read": [request],
+        "behind a GET": [get() + request],
+        "reads of 10 bytes": [request[i : i + 10] for i in range(0, len(request), 10)],
+    }
+    for way, pieces in ways.items():
+        statuses = [status for status, _ in split_responses(await feed_pieces(pieces, limits))]
+        assert statuses[-1] == expected, way
 
 
 async def test_an_upload_dropped_midway_is_freed_at_once_without_the_cyclic_gc() -> None:

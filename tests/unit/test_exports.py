@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 
 import pytest
@@ -28,3 +29,17 @@ def test_module_declares_all_and_each_name_exists(name: str) -> None:
     assert module.__doc__ and module.__doc__.strip(), (
         f"{name} has no docstring saying why it exists"
     )
+
+
+LONG = 450
+"""Lines past which a module must say in its docstring why it is not split."""
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_a_module_over_450_lines_says_why_in_its_docstring(name: str) -> None:
+    module = importlib.import_module(name)
+    source = inspect.getsource(module)
+    if source.count("\n") > LONG:
+        assert f"Over {LONG} lines" in (module.__doc__ or ""), (
+            f"{name} has over {LONG} lines and no 'Over {LONG} lines ...' reason in its docstring"
+        )

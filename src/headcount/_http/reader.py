@@ -23,8 +23,11 @@ waiting for the cyclic garbage collector.
 The loop: a read over 16 KiB is parsed a slice per loop iteration (reading
 paused meanwhile), so no read costs more than one slice's parsing, and a body
 from 1 MiB is joined into one `bytes` in a thread (`body.py`). A body of many
-pieces of a few bytes each is refused (`_TINY_PIECES_FROM`), so one client
+chunks of a few bytes each is refused (`_TINY_CHUNKS_FROM`), so one client
 costs at most a few slices of that worst-case parsing.
+
+Over 450 lines on purpose: every parser callback and the limits each enforces read in
+one place, as the parser calls them.
 """
 
 from __future__ import annotations
@@ -93,13 +96,14 @@ few dozen. HTTP clients rarely pipeline, and a request body, however large, is s
 16 KiB at a time on any other connection."""
 _RESERVE_STEP = 64 * 1024
 """A chunked body takes from the body budget this much at a time (what it may hold unused)."""
-_TINY_PIECES_FROM, _TINY_PIECE_MEAN = 256, 64
-"""A body of over 256 pieces averaging under 64 bytes is refused (400): each piece costs a
-parser callback, so a large upload in 2-byte chunks is millions of calls, and a few such
-clients stall every other. Counted in pieces, the refusal comes within one read's parse
-(256 callbacks), so even many such uploads starting at once cost the loop little. A client
-streams a body in pieces of kilobytes; a body of up to 256 pieces may come in pieces of any
-size."""
+_TINY_CHUNKS_FROM, _TINY_CHUNK_MEAN = 256, 64
+"""A body of over 256 chunks averaging under 64 bytes is refused (400): each chunk costs
+parser callbacks, so a large upload in 2-byte chunks is millions of calls, and a few such
+clients stall every other. Counted in chunks, the refusal comes within one read's parse
+(a few hundred callbacks), so even many such uploads starting at once cost the loop little.
+A client streams a body in chunks of kilobytes; a body of up to 256 chunks may come in
+chunks of any size. Chunks, not body callbacks: a read that ends inside a chunk gives it two
+callbacks, and how a client's bytes fall into reads must not decide its answer."""
 _NOTED = (b"host", b"expect")
 """Besides Content-Length, the request headers this layer acts on (`_note`)."""
 
@@ -118,6 +122,7 @@ class _Message(Head):
     __slots__ = (
         "body",
         "body_size",
+        "chunks",
         "expect",
         "hosts",
         "http11",
@@ -143,6 +148,7 @@ class _Message(Head):
         """The body's first piece as it came (most bodies have one); later ones go to
         the connection's `BodyPieces`."""
         self.body_size = 0
+        self.chunks = 0
         self.reserved = 0
         """What the body holds of the body budget (its Content-Length, or steps of a
         chunked one)."""
@@ -391,9 +397,12 @@ class RequestReader(HeadReader[_Message]):
             pieces.add(message.body)
             message.body = b""
         pieces.add(body)
-        count = pieces.count
-        if count > _TINY_PIECES_FROM and total < count * _TINY_PIECE_MEAN:
+        chunks = message.chunks
+        if chunks > _TINY_CHUNKS_FROM and total < chunks * _TINY_CHUNK_MEAN:
             self._fail(answers.CHUNKS_TOO_SMALL)
+
+    def on_chunk_header(self) -> None:
+        self._message.chunks += 1
 
     def _reserve(self, total: int) -> None:
         """A chunked body outgrew what it holds of the budget: take more, in steps, so

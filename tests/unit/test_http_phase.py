@@ -31,7 +31,8 @@ from headcount._http.phase import (
     Phase,
 )
 from headcount._http.server import HttpServerProtocol
-from tests.test_http_server import LIMITS, EchoApp, RecordingTransport, wait_for
+from tests.support import wait_until
+from tests.support.http_server import LIMITS, EchoApp, RecordingTransport
 
 
 def test_a_request_is_read_idle_head_body_idle() -> None:
@@ -136,7 +137,7 @@ async def test_a_connection_goes_through_its_phases() -> None:
     protocol.data_received(b"st: t\r\nContent-Length: 4\r\n\r\nab")
     assert protocol._phase is BODY
     protocol.data_received(b"cd")
-    await wait_for(lambda: app.dispatched == 1)
+    await wait_until(lambda: app.dispatched == 1, timeout=5.0)
     assert protocol._phase is IDLE
     protocol.data_received(b"NOT HTTP\r\n\r\n")
     assert protocol._phase is STOPPED
