@@ -804,7 +804,7 @@ def test_build_context_holds_what_the_builder_copies_and_nothing_else() -> None:
     for private in (
         ".git/config",
         ".venv/bin/python",
-        "tests/test_deploy.py",
+        "tests/process/test_deploy.py",
         "src/headcount/__pycache__/x.pyc",
     ):
         assert not _dockerignore_admits(private), private
