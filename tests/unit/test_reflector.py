@@ -51,6 +51,13 @@ class NoJitter(random.Random):
         return 0.0
 
 
+class MostJitter(random.Random):
+    """`random()` just under 1: every back-off nearly twice its base, the most jitter gives."""
+
+    def random(self) -> float:
+        return 0.999
+
+
 class FakeListerWatcher:
     """Answers LISTs and WATCHes from scripts; blocks in LIST once the scripts run out."""
 
@@ -278,6 +285,21 @@ async def test_jitter_spreads_the_back_off_between_one_and_two_times() -> None:
     for n, delay in enumerate(clock.slept[:8]):
         assert 2**n <= delay < 2 ** (n + 1)
     assert len(set(clock.slept)) == len(clock.slept)
+
+
+async def test_the_cap_holds_with_the_most_jitter() -> None:
+    """`--backoff-max` bounds every wait, jitter included (the `--discovery-dead-after` check
+    relies on it): the cap is applied after the jitter, not to the base before it."""
+    clock = FakeClock()
+    fake = FakeListerWatcher(clock, lists=[ApiUnreachable("refused")] * 8 + [([], "1")], watches=[])
+    reflector = reflector_for(
+        fake,
+        timing=reflector_timing(DiscoverySettings(backoff_initial=1, backoff_max=10)),
+        rng=MostJitter(),
+    )
+    await run_until_exhausted(fake, reflector)
+    assert clock.slept[:3] == pytest.approx([1.999, 3.998, 7.996])
+    assert clock.slept[3:] == [10] * (len(clock.slept) - 3) and len(clock.slept) >= 6
 
 
 class LongBackOffClock(FakeClock):
