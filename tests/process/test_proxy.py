@@ -122,7 +122,7 @@ def in_two_reads(first: bytes, second: bytes) -> Script:
     async def script(conn: EngineConnection) -> None:
         while await conn.read_request() is not None:
             await conn.send(first)
-            await asyncio.sleep(0.05)  # a separate read on the router's side, not a wait
+            await conn.until_read()  # the router read all of `first`: `second` is a later read
             await conn.send(second)
 
     return script
