@@ -184,7 +184,7 @@ async def test_response_without_length_ends_with_the_connection() -> None:
     async def script(conn: EngineConnection) -> None:
         await conn.read_request()
         await conn.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil ")
-        await asyncio.sleep(0.02)
+        await conn.until_read()  # "close" comes in a later read
         await conn.send(b"close")
         conn.close()
 
