@@ -15,11 +15,12 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from headcount._http.local import LocalRequest, LocalResponse
+from headcount._http.server import HttpServerProtocol
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import ConfigError, ProxySettings
 from headcount.proxy import Proxy, start_server
@@ -103,7 +104,8 @@ async def test_a_stalled_reader_of_a_stream_releases_its_engine_after_the_send_t
 
 async def test_pipelined_requests_for_the_routers_own_answers_wait_for_the_client_to_read() -> None:
     local = CountingLocal()
-    async with proxy_before("http://127.0.0.1:9", ProxySettings(), local) as (port, _):
+    settings = ProxySettings()
+    async with proxy_before("http://127.0.0.1:9", settings, local) as (port, proxy):
         loop = asyncio.get_running_loop()
         sock = tiny_receiver()
         await loop.sock_connect(sock, ("127.0.0.1", port))
@@ -111,8 +113,24 @@ async def test_pipelined_requests_for_the_routers_own_answers_wait_for_the_clien
         requests = b"GET /v1/models HTTP/1.1\r\nhost: r\r\n\r\n" * count
         sender = asyncio.ensure_future(loop.sock_sendall(sock, requests))
         await wait_until(lambda: local.calls > 0, timeout=TIMEOUT)
-        for _ in range(200):  # every chance to answer ahead, were it wrongly allowed to
-            await asyncio.sleep(0)
+        (connection,) = proxy.connections._connections
+        server = cast(HttpServerProtocol, connection)
+        # Every chance to answer ahead, were it wrongly allowed to: the client's writes are
+        # paused, and the server read and parsed requests until its pipeline was full (each
+        # parse ends by offering the queue for dispatch) and stopped reading. A wrongly
+        # eager server shows itself by answering on instead.
+        await wait_until(
+            lambda: (
+                local.calls >= 600
+                or (
+                    server._write_paused
+                    and server._read_paused
+                    and len(server._queue) >= settings.max_pipeline
+                )
+            ),
+            timeout=TIMEOUT,
+            what="a full pipeline, unread, or answers made ahead",
+        )
         assert local.calls < 600, local.calls  # kernel buffers (MBs on loopback) and no more
         reader, writer = await asyncio.open_connection(sock=sock)
         for _ in range(count):

@@ -924,10 +924,18 @@ async def test_a_client_that_never_reads_does_not_get_answers_made_ahead() -> No
         reader, writer = await asyncio.open_connection(sock=sock)
         count = 1000
         writer.write(b"".join(get(f"/big?{16384 + n}") for n in range(count)))
-        protocol = running.protocols[0]
-        await wait_for(lambda: protocol()._write_paused)  # type: ignore[union-attr]
-        for _ in range(50):  # give a wrongly eager server every chance to answer ahead
-            await asyncio.sleep(0)
+        protocol = running.protocols[0]()
+        assert protocol is not None
+        await wait_for(lambda: protocol._write_paused)
+        # The server had every chance to answer ahead: it read and parsed requests until its
+        # pipeline was full (each parse ends by offering the queue for dispatch), and
+        # stopped reading. A wrongly eager server shows itself by dispatching on instead.
+        await wait_for(
+            lambda: (
+                running.app.dispatched >= 40
+                or (protocol._read_paused and len(protocol._queue) >= LIMITS.max_pipeline)
+            )
+        )
         assert running.app.dispatched < 40, running.app.dispatched
         for n in range(count):  # then the client reads, and gets every answer, in order
             assert len((await read_response(reader)).body) == 16384 + n

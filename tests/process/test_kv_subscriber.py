@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -34,6 +35,7 @@ from tests.support import wait_until
 
 TOPIC = "kv-events"
 REPLAY_TIMEOUT = 0.5
+TIMEOUT = 5.0
 LAYOUTS: list[Layout] = ["0.10", "current"]
 
 
@@ -346,16 +348,33 @@ async def test_a_port_that_is_no_publisher_is_never_reported_connected() -> None
         await server.wait_closed()
 
 
+async def tried(port: int) -> None:
+    """Wait until a subscriber's socket reaches `port`: a plain listener there accepts its
+    connection and reads the start of its ZMTP greeting, then goes, answering nothing."""
+    loop = asyncio.get_running_loop()
+    with socket.socket() as stand_in:
+        stand_in.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        stand_in.bind(("127.0.0.1", port))
+        stand_in.listen(1)
+        stand_in.setblocking(False)
+        attempt, _ = await asyncio.wait_for(loop.sock_accept(stand_in), TIMEOUT)
+        with attempt:
+            greeting = await asyncio.wait_for(loop.sock_recv(attempt, 10), TIMEOUT)
+    assert greeting[:1] == b"\xff", greeting  # the ZMTP signature's first byte
+
+
 async def test_a_publisher_that_appears_later_is_reached_and_read() -> None:
     port, replay_port = free_port(), free_port()
     target = SubscriberTarget(
         f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}", TOPIC, REPLAY_TIMEOUT
     )
     async with subscribing(target) as (_, sink):
-        await asyncio.sleep(0)
+        await tried(port)
         assert sink.calls == []
         async with publishing(port=port, replay_port=replay_port) as steps:
             await wait_until(lambda: ("connected", True) in sink.calls, what="connected")
+            # The monitor reports in order: what the attempt above made is heard before this.
+            assert sink.calls[0] == ("connected", True), sink.calls
             await steps.join(sink)
             markers = steps.publish(4)
             await received(sink, markers)

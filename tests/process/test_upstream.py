@@ -86,6 +86,10 @@ class Recorder:
     def body(self) -> bytes:
         return b"".join(self.parts)
 
+    async def heard(self, parts: int) -> None:
+        """Wait until the connection has handed this listener `parts` body pieces."""
+        await wait_until(lambda: len(self.parts) >= parts, timeout=TIMEOUT, what="body parts")
+
     async def wait(self) -> Recorder:
         await asyncio.wait_for(self.done.wait(), TIMEOUT)
         return self
@@ -152,18 +156,23 @@ async def test_content_length_response_is_delivered_and_connection_pooled() -> N
 
 
 async def test_chunked_response_arrives_piece_by_piece() -> None:
+    result = Recorder()
+
     async def script(conn: EngineConnection) -> None:
         await conn.read_request()
         await conn.send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        for word in (b"alpha ", b"beta ", b"gamma"):
-            await asyncio.sleep(0.02)  # separate reads on the router's side
+        await wait_until(lambda: result.head is not None, timeout=TIMEOUT, what="the head")
+        for sent, word in enumerate((b"alpha ", b"beta ", b"gamma")):
+            await result.heard(sent)  # separate reads on the router's side
             await conn.send(b"%x\r\n%s\r\n" % (len(word), word))
         await conn.send(b"0\r\n\r\n")
         await conn.read_request()
 
     async with raw_engine(script) as engine:
         pool = make_pool(engine.url)
-        result = await exchange(pool)
+        conn = await pool.connect()
+        conn.send(REQUEST, result)
+        await result.wait()
         assert result.head is not None and result.head.content_length is None
         assert result.body == b"alpha beta gamma"
         assert len(result.parts) == 3
@@ -175,7 +184,7 @@ async def test_response_without_length_ends_with_the_connection() -> None:
     async def script(conn: EngineConnection) -> None:
         await conn.read_request()
         await conn.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil ")
-        await asyncio.sleep(0.02)
+        await conn.until_read()  # "close" comes in a later read
         await conn.send(b"close")
         conn.close()
 

@@ -8,9 +8,16 @@ port that never accepts.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import struct
+import sys
+import termios
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
+from pathlib import Path
+
+from headcount.sim.cluster.polling import wait_until
 
 __all__ = [
     "EngineConnection",
@@ -48,8 +55,43 @@ class EngineConnection:
         self.writer.write(data)
         await self.writer.drain()
 
+    async def until_read(self) -> None:
+        """Wait until the client has read every byte sent so far, or closed the connection.
+
+        The kernel's word for it (Linux): nothing waits in this side's write buffer or
+        send queue, and the client's socket (`/proc/net/tcp`) has no unread byte. A piece
+        sent after this arrives in a later read of the client's, whatever its timing.
+        """
+        await wait_until(self._read_by_peer, timeout=RAW_TIMEOUT, interval=0.001, what="a read")
+
+    def _read_by_peer(self) -> bool:
+        if self.writer.transport.get_write_buffer_size():
+            return False
+        sock = self.writer.get_extra_info("socket")
+        if sock is None or sock.fileno() < 0:
+            return True  # this side is closed: nothing more reaches the client
+        unsent = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        if unsent:
+            return False
+        try:
+            client = _proc_address(*sock.getpeername()[:2])
+            own = _proc_address(*sock.getsockname()[:2])
+        except OSError:
+            return True  # the client has gone
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1] == client and fields[2] == own:
+                return int(fields[4].partition(":")[2], 16) == 0
+        return True  # the client's socket is closed: it reads nothing more
+
     def close(self) -> None:
         self.writer.close()
+
+
+def _proc_address(host: str, port: int) -> str:
+    """An IPv4 address as /proc/net/tcp writes it: the address word in host order, the port."""
+    word = int.from_bytes(socket.inet_aton(host), sys.byteorder)
+    return f"{word:08X}:{port:04X}"
 
 
 Script = Callable[[EngineConnection], Awaitable[None]]
