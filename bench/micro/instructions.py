@@ -1,0 +1,187 @@
+"""Instructions the router executes per proxied request, counted by valgrind, not timed.
+
+On these shared 2-core machines router CPU per request moves 10-20 % between runs
+of the same code, so `python -m bench.overhead` cannot see a change of a few
+percent. An instruction count can: the router runs under valgrind's cachegrind
+(no cache simulation) with static discovery over two simulated engines, one
+keep-alive client sends `--requests` chats (or 20-chunk streams) after a
+warm-up, and the router's total is taken again for `--requests` / 3. The
+difference divided by the extra requests is the cost of one request, start-up
+and shutdown cancelled out. Probes are put an hour apart so that nothing else
+runs meanwhile. Chat counts repeat within about 0.5 %; stream counts move a few
+percent, as how the engine's chunks fall into reads depends on timing.
+
+`--baseline REV` counts headcount at a git revision the same way (its `src/`
+only; the engines and this script are today's). Needs Debian's `valgrind`.
+
+Usage: `.venv/bin/python -m bench.micro.instructions [--kind chat,stream]
+[--requests 1200] [--baseline REV ...]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from bench.common.harness import OUT, BenchError, headcount_at, run_benchmark, say
+from headcount.sim.loopback import free_port
+
+WARMUP = 50
+_TOTAL = re.compile(r"I\s+refs:\s+([\d,]+)")
+_LENGTH = re.compile(rb"content-length: (\d+)")
+
+
+def _request(stream: bool) -> bytes:
+    body = json.dumps(
+        {
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 20,
+            "stream": stream,
+        }
+    ).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
+    return head + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+def _exchange(client: socket.socket, request: bytes, pending: bytes) -> tuple[int, bytes]:
+    """Send one request, read its whole answer; the status and what came after it."""
+    client.sendall(request)
+    while True:
+        end = pending.find(b"\r\n\r\n")
+        if end >= 0:
+            head = pending[:end].lower()
+            status = int(head.split(b" ", 2)[1])
+            length = _LENGTH.search(head)
+            if length is not None and len(pending) >= end + 4 + int(length.group(1)):
+                return status, pending[end + 4 + int(length.group(1)) :]
+            last = pending.find(b"\r\n0\r\n\r\n", end)
+            if length is None and last >= 0:
+                return status, pending[last + 7 :]
+        data = client.recv(65536)
+        if not data:
+            raise BenchError("the router closed the connection")
+        pending += data
+
+
+def _connect_when_ready(port: int, request: bytes, deadline: float) -> tuple[socket.socket, bytes]:
+    while time.monotonic() < deadline:
+        try:
+            client = socket.create_connection(("127.0.0.1", port), timeout=60)
+            status, pending = _exchange(client, request, b"")
+        except OSError:
+            time.sleep(0.5)
+            continue
+        if status == 200:
+            return client, pending
+        client.close()
+        time.sleep(0.5)
+    raise BenchError("the router under valgrind never answered 200")
+
+
+def count(program: tuple[str, ...], engines: list[str], requests: int, stream: bool) -> int:
+    """The router's total instructions for a run that proxies `requests` requests."""
+    port = free_port()
+    command = [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--trace-children=yes",
+        "--cachegrind-out-file=/dev/null",
+        *program,
+        "serve",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--discovery=static",
+        f"--backends={','.join(engines)}",
+        "--probe-interval=3600",
+        "--log-level=warning",
+    ]
+    # One string hash seed for every run: dict and set layouts, and so their costs, alike.
+    environment = os.environ | {"PYTHONHASHSEED": "0"}
+    router = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment
+    )
+    try:
+        request = _request(stream)
+        client, pending = _connect_when_ready(port, request, time.monotonic() + 300)
+        with client:
+            for _ in range(WARMUP + requests):
+                status, pending = _exchange(client, request, pending)
+                if status != 200:
+                    raise BenchError(f"the router answered {status}")
+        router.send_signal(signal.SIGTERM)
+        report = router.communicate(timeout=300)[1].decode(errors="replace")
+    finally:
+        if router.poll() is None:
+            router.kill()
+    total = _TOTAL.search(report)
+    if total is None:
+        raise BenchError(f"no instruction count from valgrind:\n{report[-2000:]}")
+    return int(total.group(1).replace(",", ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.micro.instructions")
+    parser.add_argument("--kind", default="chat,stream", help="comma list of chat, stream")
+    parser.add_argument("--requests", type=int, default=1200, help="requests in the long run")
+    parser.add_argument("--baseline", action="append", default=[], metavar="REV")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise BenchError("valgrind not found: apt-get install valgrind")
+    targets = [("headcount", (sys.executable, "-m", "headcount.cli"))]
+    targets += [
+        (f"headcount@{commit}", program)
+        for commit, program in (headcount_at(rev, OUT) for rev in args.baseline)
+    ]
+    engine_ports = [free_port(), free_port()]
+    engines = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "headcount.sim.engine",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model",
+                "sim-model",
+                "--token-delay",
+                "1e-06",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in engine_ports
+    ]
+    urls = [f"http://127.0.0.1:{port}" for port in engine_ports]
+    short = args.requests // 3
+    try:
+        print("| target | kind | instructions per request |\n|---|---|--:|")
+        for kind in args.kind.split(","):
+            for name, program in targets:
+                say(f"{name} {kind}: {short} and {args.requests} requests under valgrind")
+                few = count(program, urls, short, kind == "stream")
+                many = count(program, urls, args.requests, kind == "stream")
+                print(f"| {name} | {kind} | {(many - few) // (args.requests - short):,} |")
+    finally:
+        for engine in engines:
+            engine.terminate()
+            engine.wait(timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_benchmark(main))
