@@ -21,17 +21,18 @@ Usage: `.venv/bin/python -m bench.micro.instructions [--kind chat,stream]
 from __future__ import annotations
 
 import argparse
+import datetime
+import functools
 import json
 import os
 import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
 
 from bench.common.harness import OUT, BenchError, headcount_at, run_benchmark, say
+from bench.common.processes import Processes, block_until
 from headcount.sim.loopback import free_port
 
 WARMUP = 50
@@ -75,22 +76,39 @@ def _exchange(client: socket.socket, request: bytes, pending: bytes) -> tuple[in
         pending += data
 
 
-def _connect_when_ready(port: int, request: bytes, deadline: float) -> tuple[socket.socket, bytes]:
-    while time.monotonic() < deadline:
-        try:
-            client = socket.create_connection(("127.0.0.1", port), timeout=60)
-            status, pending = _exchange(client, request, b"")
-        except OSError:
-            time.sleep(0.5)
-            continue
-        if status == 200:
-            return client, pending
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _answered(port: int, request: bytes) -> tuple[socket.socket, bytes] | None:
+    """A connection on which the router just answered `request` with a 200, or None."""
+    try:
+        client = socket.create_connection(("127.0.0.1", port), timeout=60)
+    except OSError:
+        return None
+    try:
+        status, pending = _exchange(client, request, b"")
+    except (OSError, BenchError):
         client.close()
-        time.sleep(0.5)
-    raise BenchError("the router under valgrind never answered 200")
+        return None
+    if status != 200:
+        client.close()
+        return None
+    return client, pending
 
 
-def count(program: tuple[str, ...], engines: list[str], requests: int, stream: bool) -> int:
+def count(
+    procs: Processes,
+    name: str,
+    program: tuple[str, ...],
+    engines: list[str],
+    requests: int,
+    stream: bool,
+) -> int:
     """The router's total instructions for a run that proxies `requests` requests."""
     port = free_port()
     command = [
@@ -108,27 +126,32 @@ def count(program: tuple[str, ...], engines: list[str], requests: int, stream: b
         "--probe-interval=3600",
         "--log-level=warning",
     ]
-    # One string hash seed for every run: dict and set layouts, and so their costs, alike.
-    environment = os.environ | {"PYTHONHASHSEED": "0"}
-    router = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment
-    )
-    try:
-        request = _request(stream)
-        client, pending = _connect_when_ready(port, request, time.monotonic() + 300)
-        with client:
-            for _ in range(WARMUP + requests):
-                status, pending = _exchange(client, request, pending)
-                if status != 200:
-                    raise BenchError(f"the router answered {status}")
-        router.send_signal(signal.SIGTERM)
-        report = router.communicate(timeout=300)[1].decode(errors="replace")
-    finally:
-        if router.poll() is None:
-            router.kill()
+    router = procs.start(f"{name}-{requests}", command, port=port)
+    request = _request(stream)
+    ready: list[tuple[socket.socket, bytes]] = []
+
+    def answers() -> bool:
+        connection = _answered(port, request)
+        if connection is not None:
+            ready.append(connection)
+        return bool(ready)
+
+    block_until(answers, 300, "the router under valgrind to answer 200", router)
+    client, pending = ready[0]
+    with client:
+        for _ in range(WARMUP + requests):
+            status, pending = _exchange(client, request, pending)
+            if status != 200:
+                raise BenchError(f"the router answered {status}")
+    # SIGTERM alone, waited for: the router shuts down and valgrind writes its totals, which
+    # takes longer than `Processes.stop` waits before its SIGKILL.
+    router.popen.send_signal(signal.SIGTERM)
+    router.popen.wait(timeout=300)
+    procs.stop(router)
+    report = router.log_path.read_text(errors="replace")
     total = _TOTAL.search(report)
     if total is None:
-        raise BenchError(f"no instruction count from valgrind:\n{report[-2000:]}")
+        raise BenchError(f"no instruction count from valgrind:\n{router.log_tail()}")
     return int(total.group(1).replace(",", ""))
 
 
@@ -140,46 +163,32 @@ def main() -> int:
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise BenchError("valgrind not found: apt-get install valgrind")
+    # One string hash seed for every run: dict and set layouts, and so their costs, alike.
+    os.environ["PYTHONHASHSEED"] = "0"
     targets = [("headcount", (sys.executable, "-m", "headcount.cli"))]
-    targets += [
-        (f"headcount@{commit}", program)
-        for commit, program in (headcount_at(rev, OUT) for rev in args.baseline)
-    ]
-    engine_ports = [free_port(), free_port()]
-    engines = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "headcount.sim.engine",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--model",
-                "sim-model",
-                "--token-delay",
-                "1e-06",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for port in engine_ports
-    ]
-    urls = [f"http://127.0.0.1:{port}" for port in engine_ports]
+    for rev in args.baseline:
+        commit, program = headcount_at(rev, OUT)
+        targets.append((f"headcount@{commit}", program))
     short = args.requests // 3
-    try:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    with Processes(OUT / f"instructions-{stamp}-logs") as procs:
+        urls = []
+        for number in (1, 2):
+            port = free_port()
+            engine = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
+            engine += ["--port", str(port), "--model", "sim-model", "--token-delay", "1e-06"]
+            started = procs.start(f"engine-{number}", engine, port=port)
+            block_until(functools.partial(_listens, port), 60, "an engine to listen", started)
+            urls.append(f"http://127.0.0.1:{port}")
         print("| target | kind | instructions per request |\n|---|---|--:|")
         for kind in args.kind.split(","):
             for name, program in targets:
                 say(f"{name} {kind}: {short} and {args.requests} requests under valgrind")
-                few = count(program, urls, short, kind == "stream")
-                many = count(program, urls, args.requests, kind == "stream")
-                print(f"| {name} | {kind} | {(many - few) // (args.requests - short):,} |")
-    finally:
-        for engine in engines:
-            engine.terminate()
-            engine.wait(timeout=10)
+                runs = [
+                    count(procs, f"{name}-{kind}", program, urls, size, kind == "stream")
+                    for size in (short, args.requests)
+                ]
+                print(f"| {name} | {kind} | {(runs[1] - runs[0]) // (args.requests - short):,} |")
     return 0
 
 
