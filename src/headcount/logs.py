@@ -6,6 +6,13 @@ writes each field as a top-level key beside `time`, `level`, `logger` and
 `message` (which a field cannot override); a value JSON cannot hold is written
 as its `str`. Text mode writes the message alone: it already says what the
 fields say, and a line stays readable.
+
+Messages quote what others chose: an engine's model ids, a pod's labels, a
+client's path. In text mode every control character of a message (line
+breaks, ANSI escapes, C1 controls, Unicode line separators) is written as a
+`\\xNN`-style escape, so a string cannot end the line and forge another, or
+recolour a terminal; a traceback still follows the message on lines of its own.
+JSON mode escapes them by being JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +27,18 @@ __all__ = ["configure_logging"]
 
 _RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 """What every record carries: whatever else it has came with `extra=`."""
+
+
+_CONTROLS = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if code != 0x09
+} | {0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+"""What a text line writes in place of each control character (a tab stays a tab)."""
+
+
+class _TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_CONTROLS)
+        return super().formatMessage(record)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -45,7 +64,7 @@ def configure_logging(fmt: str, level: str) -> None:
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -20,7 +20,13 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from headcount.auth import ApiKeys, KeyFileError, parse_api_keys, parse_engine_key
+from headcount.auth import (
+    ApiKeys,
+    Authentication,
+    KeyFileError,
+    parse_api_keys,
+    parse_engine_key,
+)
 from headcount.auth.keyfile import KeyFile
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import AuthSettings, ConfigError, ServerSettings
@@ -278,6 +284,46 @@ async def test_the_watch_loop_reloads_on_change_and_when_asked(tmp_path: Path) -
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_storm_of_reloads_of_unchanged_files_says_little(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """500 SIGHUPs: each burst is said once, and a read that finds the keys in force is
+    not news; a file that did change still is."""
+    keys_path, engine_path = tmp_path / "keys", tmp_path / "engine"
+    keys_path.write_text("sk-one\n")
+    engine_path.write_text("sk-engine\n")
+    auth = Authentication(
+        AuthSettings(
+            api_keys_file=keys_path, engine_api_key_file=engine_path, key_file_check_interval=3600
+        )
+    )
+    await auth.load()
+    caplog.set_level(logging.DEBUG, logger="headcount.auth")
+    task = asyncio.create_task(auth.run())
+
+    def reads() -> int:
+        return sum("read again" in record.getMessage() for record in caplog.records)
+
+    try:
+        for burst in range(1, 6):
+            for _ in range(100):
+                auth.reload_soon()
+            await wait_until(lambda n=2 * burst: reads() >= n, what=f"burst {burst} read")
+        info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+        assert info == ["reloading 2 key file(s)"] * 5
+        replace_file(keys_path, "sk-two\n")
+        auth.reload_soon()
+        await wait_until(
+            lambda: any("reloaded" in r.getMessage() for r in caplog.records),
+            what="the changed file reloaded",
+        )
+        assert auth.credentials.client_keys is not None
+        assert auth.credentials.client_keys.admits(bearer("sk-two"))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_an_unusable_file_at_start_is_a_config_error_naming_the_flag(

@@ -255,3 +255,18 @@ def test_text_lines_are_the_message_alone(monkeypatch: pytest.MonkeyPatch) -> No
     assert line.endswith(
         "INFO    headcount.fleet: engine ns/a removed from k8s-pods (was ready): pod deleted"
     )
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_a_text_line_escapes_what_a_quoted_string_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine's model id with a line break and ANSI escapes stays inside its own line."""
+    stderr = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stderr)
+    configure_logging("text", "INFO")
+    forged = "m\r\n2026-12-01 00:00:00 CRITICAL headcount: forged\x1b[31m\x9b2J\u2028tab\there"
+    logging.getLogger("headcount.fleet").warning("model %s: over its engines", forged)
+    (line,) = stderr.getvalue().splitlines()
+    assert line.endswith(
+        "model m\\r\\n2026-12-01 00:00:00 CRITICAL headcount: forged\\x1b[31m\\x9b2J\\u2028"
+        "tab\there: over its engines"
+    )

@@ -92,7 +92,7 @@ class Authentication:
             await asyncio.gather(*(key_file.run() for key_file in self.files))
 
     def reload_soon(self) -> None:
-        """Read every file again now (SIGHUP)."""
-        _log.info("reloading %d key file(s)", len(self.files))
-        for key_file in self.files:
-            key_file.reload_soon()
+        """Read every file again now (SIGHUP); said once while a reload is still pending."""
+        asked = [key_file.reload_soon() for key_file in self.files]
+        if any(asked):
+            _log.info("reloading %d key file(s)", len(self.files))

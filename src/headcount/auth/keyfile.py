@@ -11,6 +11,8 @@ loop. `run` looks at the file's identity (device, inode, size, mtime) every
 Secret volume swaps a symlink, so an update there is a new inode. A file that
 cannot be read or parsed leaves the keys in force unchanged, and the error is
 logged once, not every interval; the messages never quote the file's content.
+A read whose content is the one in force (SIGHUP on an unchanged file) changes
+nothing and logs only at debug level, so a storm of signals is not a storm of lines.
 Write a new file and rename it over the old one: a reader may see a file being
 rewritten in place half-written.
 """
@@ -18,6 +20,7 @@ rewritten in place half-written.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -34,6 +37,8 @@ _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _Identity = tuple[int, int, int, int]
+_Read = tuple[_Identity, bytes, "T | KeyFileError"]
+"""A file's identity, the digest of its content, and its parsed value (or why it has none)."""
 
 
 def _identity(stat: os.stat_result) -> _Identity:
@@ -58,6 +63,8 @@ class KeyFile(Generic[T]):
         self._apply = apply
         self._check_interval = check_interval
         self._seen: _Identity | None = None
+        self._in_force: bytes | None = None
+        """The digest of the content whose keys are in force."""
         self._last_error: str | None = None
         self._wake = asyncio.Event()
 
@@ -68,16 +75,20 @@ class KeyFile(Generic[T]):
         except OSError as exc:
             raise ConfigError(f"{self.flag} {self.path}: {_describe(exc)}") from None
         assert read is not None
-        identity, value = read
+        identity, digest, value = read
         self._seen = identity
         if isinstance(value, KeyFileError):
             raise ConfigError(f"{self.flag} {self.path}: {value}")
         self._apply(value)
+        self._in_force = digest
         _log.info("%s %s loaded", self.flag, self.path)
 
-    def reload_soon(self) -> None:
-        """Read the file again at once, changed or not (what SIGHUP asks)."""
+    def reload_soon(self) -> bool:
+        """Read the file again at once, changed or not (what SIGHUP asks); False when a
+        reload was asked for already and has not begun."""
+        asked = not self._wake.is_set()
         self._wake.set()
+        return asked
 
     async def run(self) -> None:
         """Reload whenever asked or the file changes, until cancelled."""
@@ -104,35 +115,40 @@ class KeyFile(Generic[T]):
             return False
         if read is None:
             return False
-        identity, value = read
+        identity, digest, value = read
         self._seen = identity
         if isinstance(value, KeyFileError):
             self._last_error = str(value)
             self._report(str(value))
             return False
         self._last_error = None
+        if digest == self._in_force:
+            _log.debug("%s %s read again, unchanged", self.flag, self.path)
+            return False
         self._apply(value)
+        self._in_force = digest
         _log.info("%s %s reloaded", self.flag, self.path)
         return True
 
     def _report(self, error: str) -> None:
         _log.error("%s %s: %s; the keys in force stay", self.flag, self.path, error)
 
-    def _read(self, seen: _Identity | None) -> tuple[_Identity, T | KeyFileError] | None:
-        """In a worker thread: the file's identity and its parsed value (or why it has none);
-        None if the identity is `seen`. The identity is taken before the read, so a change
-        during the read is seen as a change at the next check."""
+    def _read(self, seen: _Identity | None) -> _Read[T] | None:
+        """In a worker thread: the file's identity, content digest and parsed value (or why
+        it has none); None if the identity is `seen`. The identity is taken before the read,
+        so a change during the read is seen as a change at the next check."""
         identity = _identity(os.stat(self.path))
         if identity == seen:
             return None
         with open(self.path, "rb") as file:
             data = file.read()
+        digest = hashlib.sha256(data).digest()
         try:
-            return identity, self._parse(data.decode("utf-8"))
+            return identity, digest, self._parse(data.decode("utf-8"))
         except UnicodeDecodeError:
-            return identity, KeyFileError("not UTF-8 text")
+            return identity, digest, KeyFileError("not UTF-8 text")
         except KeyFileError as exc:
-            return identity, exc
+            return identity, digest, exc
 
 
 def _describe(exc: OSError) -> str:

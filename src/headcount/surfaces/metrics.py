@@ -12,6 +12,13 @@ are the `headcount_kv_*` series of the engines' cache indexes, present only with
 stalls the event loop. A source that cannot go stale (a static list) is in sync
 at every scrape: its `headcount_discovery_last_sync_timestamp_seconds` is the
 scrape's time, so freshness alerts never fire for it.
+
+The `model` label takes only models some engine serves (a client's unknown
+model is `unknown`), but an engine chooses what it serves: one advertising
+thousands of adapters would mint dozens of series for each. At most
+`MAX_MODEL_LABELS` models have series of their own; when the set is full, the
+series of models no engine serves any more are removed to make room, and a
+model that still finds none is counted as `other`.
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ __all__ = [
     "CUT",
     "ERROR",
     "LOCAL_RESOURCES",
+    "MAX_MODEL_LABELS",
     "OK",
+    "OTHER_MODELS",
     "OUTCOMES",
     "UNKNOWN_MODEL",
     "Metrics",
@@ -51,6 +60,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 UNKNOWN_MODEL = "unknown"
 """The `model` label of requests whose model is unknown: client input must not mint series."""
+OTHER_MODELS = "other"
+"""The `model` label of served models over `MAX_MODEL_LABELS`: engine input must not either."""
+MAX_MODEL_LABELS = 200
+"""Models with series of their own: a fleet's base models and the adapters in daily use fit
+(each model costs about 40 series: 2 histograms and its codes)."""
 
 LOCAL_RESOURCES = ("fds", "memory", "buffers", "connections")
 """The `resource` label of `headcount_local_resource_errors_total` (`connections`: a client
@@ -90,9 +104,11 @@ class Metrics:
         *,
         kv_views: KvViews | None = None,
         wall_clock: Clock = time.time,
+        max_models: int = MAX_MODEL_LABELS,
     ) -> None:
         """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None;
-        `wall_clock`: Unix time, the last sync of a source that cannot go stale."""
+        `wall_clock`: Unix time, the last sync of a source that cannot go stale;
+        `max_models`: models with series of their own."""
         self._snapshot = snapshot
         self._sources = sources
         self._wall_clock = wall_clock
@@ -150,6 +166,9 @@ class Metrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, int, str], tuple[Counter, Histogram, Histogram]] = {}
+        self._labelled: dict[str, set[tuple[str, str]]] = {}
+        """Per model with series of its own, the (code, outcome) pairs it has series for."""
+        self._max_models = max_models
         self._local_watchers: list[Callable[[str], None]] = []
 
     def request_done(
@@ -160,19 +179,38 @@ class Metrics:
         children = self._children.get(key)
         if children is None:
             if len(self._children) > 10_000:
-                # Bound the label cache: model names come from clients.
+                # Bound the label cache: every served model and code may come by.
                 self._children.clear()
-            children = (
-                self._requests.labels(model, str(code), outcome),
-                self._duration.labels(model),
-                self._ttfb.labels(model),
-            )
-            self._children[key] = children
+            children = self._children[key] = self._series(model, str(code), outcome)
         requests, duration_hist, ttfb_hist = children
         requests.inc()
         duration_hist.observe(duration)
         if ttfb is not None:
             ttfb_hist.observe(ttfb)
+
+    def _series(self, model: str, code: str, outcome: str) -> tuple[Counter, Histogram, Histogram]:
+        if model != UNKNOWN_MODEL:
+            if model not in self._labelled and len(self._labelled) >= self._max_models:
+                self._forget_unserved()
+            if model in self._labelled or len(self._labelled) < self._max_models:
+                self._labelled.setdefault(model, set()).add((code, outcome))
+            else:
+                model = OTHER_MODELS
+        return (
+            self._requests.labels(model, code, outcome),
+            self._duration.labels(model),
+            self._ttfb.labels(model),
+        )
+
+    def _forget_unserved(self) -> None:
+        """Remove the series of every labelled model no engine serves now."""
+        snapshot = self._snapshot()
+        for model in [model for model in self._labelled if not snapshot.is_known(model)]:
+            for code, outcome in self._labelled.pop(model):
+                self._requests.remove(model, code, outcome)
+            self._duration.remove(model)
+            self._ttfb.remove(model)
+        self._children.clear()
 
     def rejected(self, code: int) -> None:
         """A request the HTTP layer refused before it was read whole (400, 413, 431...)."""
