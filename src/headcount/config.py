@@ -385,10 +385,10 @@ class KvEventsSettings:
     size holds the loop for tens of milliseconds at worst (one object per byte)."""
     budget: int = 50_000
     """Work one engine's events may cost per second, in blocks stored or removed; a frame
-    also costs 32, plus one per 128 bytes. An engine prefilling 100k tokens a second in
-    16-token blocks, evicting as many, spends about a fifth of it; one that sends more is
-    read more slowly, its excess dropped by its own publisher (a gap), and costs the router
-    about a tenth of a core at most."""
+    also costs 50, plus one per 128 bytes (a block costs a few microseconds). An engine
+    prefilling 100k tokens a second (more than one GPU does) in 16-token blocks, evicting as
+    many, spends about half of it; one that sends more is read more slowly, its excess
+    dropped by its own publisher (a gap), and costs the router about a tenth of a core."""
     tokenizer: str | None = None
     """A directory in Hugging Face layout, or "builtin" (the simulator's); None: the engines'
     own `POST /tokenize`."""

@@ -1,4 +1,4 @@
-"""What an engine's stream may cost: a budget that refills with time, logs kept to one a kind."""
+"""What an engine's stream may cost: a budget refilled with time, logs kept few, dials spaced."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from headcount.kvindex.budget import Budget
 from headcount.kvindex.log_limit import LogLimit
+from headcount.kvindex.redial import Redial
 from tests.support import FakeClock
 
 
@@ -41,3 +42,17 @@ def test_a_kind_of_line_is_logged_once_an_interval_with_the_count_left_out(
         "gap 5 (and 4 more like it in the last 60s)",
     ]
     assert limit.left_out == 8
+
+
+def test_a_publisher_that_keeps_losing_its_session_is_dialled_ever_later() -> None:
+    clock = FakeClock()
+    redial = Redial(0.1, 5.0, clock)
+    waits = []
+    for _ in range(8):
+        redial.up()
+        clock.now += 0.5  # the session ends soon after its handshake
+        waits.append(redial.lost())
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    redial.up()
+    clock.now += 60  # a session that lasted
+    assert redial.lost() == 0.1

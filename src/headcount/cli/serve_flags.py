@@ -410,7 +410,7 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-events-budget",
         type=int,
         default=kv_d.budget,
-        help="blocks a second one engine's events may cost (a frame counts 32 more, and one "
+        help="blocks a second one engine's events may cost (a frame counts 50 more, and one "
         "per 128 bytes); an engine over it is read more slowly (default %(default)s)",
     )
     kv.add_argument(

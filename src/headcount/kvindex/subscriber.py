@@ -67,6 +67,7 @@ from headcount.kvevents import (
 )
 from headcount.kvindex.budget import Budget
 from headcount.kvindex.log_limit import LogLimit
+from headcount.kvindex.redial import Redial
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 
 __all__ = ["SLICE", "EventSubscriber", "SubscriberCounts"]
@@ -88,9 +89,9 @@ SLICE = SliceBound(blocks=1024, tokens=16_384)
 """The most an index is given at once: about 2 ms of keying and bookkeeping here."""
 _DECODE_EVENTS = 1024
 """Events decoded at once (a few milliseconds); the loop runs between two chunks."""
-_FRAME_COST, _BYTES_PER_BLOCK, _REDIAL_COST = 32, 128, 5_000
-"""Costs in blocks: reading a frame; decoding this many bytes; dialling again after a lost
-connection (a handshake a hostile publisher must not loop)."""
+_FRAME_COST, _BYTES_PER_BLOCK = 50, 128
+"""Costs in blocks (about 2 µs each): receiving and sequencing a frame; decoding this many
+bytes of it (one object per byte at worst)."""
 _REPLAYS = 6
 """Replays per engine a minute (and at once): a healthy stream gaps a few times an hour."""
 
@@ -159,7 +160,9 @@ class EventSubscriber:
         self._replays = Budget(_REPLAYS / 60.0, _REPLAYS, clock)
         self._logs = LogLimit(_log, _LOG_EVERY, clock)
         self._connected = False
-        self._redial = False
+        self._redial = Redial(reconnect_ivl, reconnect_ivl_max, clock)
+        self._dial_after: float | None = None
+        """Seconds to wait before dialling again after a lost session; None: no need."""
         self._last: int | None = None
         """The seq of the last batch passed on (or skipped by rank); None: a fresh start."""
         self._live: int | None = None
@@ -192,8 +195,9 @@ class EventSubscriber:
         poller.register(monitor, zmq.POLLIN)
         while True:
             await self._within_budget()
-            if self._redial:
-                self._redial = False
+            if self._dial_after is not None:
+                await self._sleep(self._dial_after)
+                self._dial_after = None
                 with contextlib.suppress(zmq.ZMQError):  # already gone
                     sub.disconnect(self.target.endpoint)
                 sub.connect(self.target.endpoint)
@@ -243,9 +247,10 @@ class EventSubscriber:
         if up == self._connected:
             return
         self._connected = up
-        if event & zmq.EVENT_DISCONNECTED:  # ZMQ never redials after a protocol error (a frame
-            self._redial = True  # over `max_frame`): the subscriber does, at a cost
-            self._budget.charge(_REDIAL_COST)
+        if up:
+            self._redial.up()
+        elif event & zmq.EVENT_DISCONNECTED:  # ZMQ never redials after a protocol error (a
+            self._dial_after = self._redial.lost()  # frame over `max_frame`): we do
         if up:
             self._note("connected", logging.INFO, "connected")
         else:
