@@ -84,7 +84,7 @@ _QUEUED = 16
 """Messages ZMQ holds per socket before it stops reading (its receive high-water mark):
 frames of up to `max_frame` each, so it bounds memory; past it the publisher drops."""
 _HELD_FRAMES = 4
-"""Live frames held during a replay, in bytes: this many of the largest frame."""
+"""Live frames held during a replay are bounded in bytes to this many of the largest."""
 SLICE = SliceBound(blocks=1024, tokens=16_384)
 """The most an index is given at once: about 2 ms of keying and bookkeeping here."""
 _DECODE_EVENTS = 1024
@@ -196,11 +196,8 @@ class EventSubscriber:
         while True:
             await self._within_budget()
             if self._dial_after is not None:
-                await self._sleep(self._dial_after)
-                self._dial_after = None
-                with contextlib.suppress(zmq.ZMQError):  # already gone
-                    sub.disconnect(self.target.endpoint)
-                sub.connect(self.target.endpoint)
+                wait, self._dial_after = self._dial_after, None
+                await self._dial_again(wait, sub, monitor)
             if self._held:
                 frames = self._held.popleft()
                 self._held_bytes -= _size(frames)
@@ -249,13 +246,24 @@ class EventSubscriber:
         self._connected = up
         if up:
             self._redial.up()
-        elif event & zmq.EVENT_DISCONNECTED:  # ZMQ never redials after a protocol error (a
-            self._dial_after = self._redial.lost()  # frame over `max_frame`): we do
-        if up:
             self._note("connected", logging.INFO, "connected")
         else:
             self._note("disconnected", logging.WARNING, "disconnected")
+            if event & zmq.EVENT_DISCONNECTED:  # ZMQ never redials after a protocol error
+                self._dial_after = self._redial.lost()  # (a frame over `max_frame`): we do
         self._sink.connected(up)
+
+    async def _dial_again(
+        self, wait: float, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
+    ) -> None:
+        """After `wait`, dial again unless ZMQ's own reconnect has brought the session back."""
+        await self._sleep(wait)
+        while await monitor.poll(0):
+            self._on_monitor(await monitor.recv_multipart())
+        if not self._connected and self._dial_after is None:
+            with contextlib.suppress(zmq.ZMQError):  # already gone
+                sub.disconnect(self.target.endpoint)
+            sub.connect(self.target.endpoint)
 
     # ---------------------------------------------------------------- the sequence
 
@@ -314,13 +322,7 @@ class EventSubscriber:
         if seq == expected:
             await self._deliver(seq, batch)
             return
-        self._note(
-            "gap",
-            logging.INFO,
-            "batches %d..%d missed, asking for a replay",
-            expected,
-            seq - 1,
-        )
+        self._note("gap", logging.INFO, "batches %d..%d missed, replaying", expected, seq - 1)
         self._sink.gap(expected, seq)
         try:
             await self._replay(expected, seq, sub, monitor)
