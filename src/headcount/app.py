@@ -19,6 +19,7 @@ the end.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import time
@@ -278,7 +279,9 @@ async def build_kv_wiring(
     tokenizer = await load_router_tokenizer(settings.tokenizer)
     indexes = KvIndexes(
         fleet,
-        subscriber=EventSubscriber,
+        subscriber=functools.partial(
+            EventSubscriber, max_frame=settings.max_frame, budget=settings.budget
+        ),
         port=settings.port,
         replay_port=settings.replay_port,
         topic=settings.topic,

@@ -377,6 +377,18 @@ class KvEventsSettings:
     """An engine that answered our requests but sent no event for this long is stale."""
     replay_timeout: float = 2.0
     """A gap's replay must answer within this, else the index is cleared and rebuilt."""
+    max_frame: int = 2 * 1024 * 1024
+    """The largest frame read from an engine's event sockets; ZMQ drops the connection on a
+    larger one before reading it (the batch is missed: a gap). One scheduler step that
+    prefills 128k tokens in 16-token blocks and evicts as many is about 1.1 MiB (vLLM's map
+    layout; 0.75 MiB in 0.10's), a default 8k-token step 0.07 MiB; decoding a frame of this
+    size holds the loop for tens of milliseconds at worst (one object per byte)."""
+    budget: int = 50_000
+    """Work one engine's events may cost per second, in blocks stored or removed; a frame
+    also costs 50, plus one per 128 bytes (a block costs a few microseconds). An engine
+    prefilling 100k tokens a second (more than one GPU does) in 16-token blocks, evicting as
+    many, spends about half of it; one that sends more is read more slowly, its excess
+    dropped by its own publisher (a gap), and costs the router about a tenth of a core."""
     tokenizer: str | None = None
     """A directory in Hugging Face layout, or "builtin" (the simulator's); None: the engines'
     own `POST /tokenize`."""
@@ -393,8 +405,11 @@ class KvEventsSettings:
         _require_positive(
             ("--kv-events-idle-timeout", self.idle_timeout),
             ("--kv-events-replay-timeout", self.replay_timeout),
+            ("--kv-events-budget", self.budget),
             ("--tokenize-timeout", self.tokenize_timeout),
         )
+        if self.max_frame < 1024:
+            raise ConfigError(f"--kv-events-max-frame {self.max_frame}: use at least 1KiB")
         tokenizer = self.tokenizer
         if tokenizer not in (None, BUILTIN_TOKENIZER) and not _has_tokenizer_json(tokenizer):
             raise ConfigError(

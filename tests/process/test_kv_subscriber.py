@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
@@ -27,7 +30,7 @@ from headcount.kvevents import (
     replay_reply,
 )
 from headcount.kvindex.stream import ClearReason, SubscriberTarget
-from headcount.kvindex.subscriber import EventSubscriber
+from headcount.kvindex.subscriber import SLICE, EventSubscriber
 from headcount.sim.engine.kv_events_config import KvEventsConfig
 from headcount.sim.engine.kv_publisher import KvEventPublisher
 from headcount.sim.loopback import free_port
@@ -600,3 +603,194 @@ async def test_a_burst_of_batches_lets_the_loop_run_between_any_two() -> None:
             ticking.cancel()
             runs = [seen.count(tick) for tick in set(seen)]
             assert max(runs) == 1
+
+
+# ---------------------------------------------------------------- hostile publishers
+
+
+def padded(marker: int, size: int) -> bytes:
+    """A one-block batch of about `size` bytes, cheap to decode: the bulk is one string."""
+    batch = EventBatch(1.0, [BlockStored([marker], None, [marker] * 16, 16, medium="x" * size)], 0)
+    return encode_batch(batch, "current")
+
+
+def dense(first_hash: int, blocks: int) -> bytes:
+    """One `BlockStored` of `blocks` one-token blocks: the most work per byte."""
+    hashes = list(range(first_hash, first_hash + blocks))
+    return encode_batch(EventBatch(1.0, [BlockStored(hashes, None, [1] * blocks, 1)], 0), "current")
+
+
+async def resubscribed(pub: HandPub) -> None:
+    """Wait for the subscriber's next subscription (after it reconnected)."""
+    for _ in range(10):
+        assert await pub.socket.poll(5000), "no subscription arrived"
+        if (await pub.socket.recv()).startswith(b"\x01"):
+            return
+    raise AssertionError("no new subscription among 10 messages")
+
+
+async def test_a_frame_larger_than_the_bound_is_never_read_and_shows_as_a_gap() -> None:
+    with hand_pub() as pub:
+        async with subscribing(hand_target(pub)) as (_, sink):
+            await pub.subscribed()
+            await pub.send(0, payload(10))
+            await received(sink, [10])
+            await pub.send(1, padded(11, 3 * 1024 * 1024))  # over the 2 MiB default
+
+            def read_or_refused() -> bool:
+                return 11 in sink.markers() or sink.connections[-2:] == [False, True]
+
+            await wait_until(read_or_refused, what="the large frame read, or refused")
+            assert 11 not in sink.markers()
+            await resubscribed(pub)
+            await pub.send(2, payload(12))
+            await received(sink, [12])
+            assert sink.markers() == [10, 12]
+            assert ("gap", 1, 2) in sink.calls
+
+
+async def test_a_batch_of_many_blocks_is_passed_on_in_slices_the_loop_running_between() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    with hand_pub() as pub:
+        async with subscribing(hand_target(pub)) as (subscriber, sink):
+            await pub.subscribed()
+            ticking = asyncio.create_task(ticker())
+            seen: list[int] = []
+            record = sink.batch
+            sink.batch = lambda seq, batch: (seen.append(ticks), record(seq, batch))[1]  # type: ignore[method-assign]
+            await pub.send(0, dense(1, 5000))
+            await wait_until(lambda: len(sink.batches) >= 5, what="the slices")
+            ticking.cancel()
+            await wait_until(lambda: sum(blocks(b) for _, b in sink.batches) == 5000)
+            assert sink.seqs() == [0] * len(sink.batches)
+            assert max(blocks(b) for _, b in sink.batches) <= SLICE.blocks
+            assert len(set(seen)) == len(seen)  # the loop ran between any two
+            assert subscriber.counts.sliced == 1
+
+
+def blocks(batch: EventBatch) -> int:
+    return sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored))
+
+
+async def test_an_engine_over_its_budget_is_read_later() -> None:
+    arrived: list[float] = []
+    with hand_pub() as pub:
+        async with subscribing(hand_target(pub)) as (subscriber, sink):
+            await pub.subscribed()
+            record = sink.batch
+            sink.batch = lambda seq, batch: (arrived.append(time.monotonic()), record(seq, batch))[
+                1
+            ]  # type: ignore[method-assign]
+            frames = 30  # 5,000 blocks each: three times the default budget of 50,000 a second
+            for seq in range(frames):
+                await pub.send(seq, dense(seq * 5000, 5000))
+            await wait_until(lambda: sink.seqs()[-1:] == [frames - 1], timeout=15, what="all")
+            assert sink.control() == [("connected", True)]
+            assert subscriber.counts.throttled >= 1
+            assert arrived[-1] - arrived[0] >= 1.5  # 100,000 blocks over the burst at 50,000/s
+
+
+def nested(marker: int, depth: int) -> bytes:
+    """A batch whose block's `extra_keys` entry nests `depth` arrays deep."""
+    event = BlockStored([marker], None, [marker] * 16, 16, extra_keys=[("MARK",)])
+    encoded = encode_batch(EventBatch(1.0, [event], 0), "current")
+    return encoded.replace(msgspec.msgpack.encode(("MARK",)), b"\x91" * depth + b"\xc0")
+
+
+async def test_a_batch_nested_too_deep_to_decode_is_missed_and_the_task_survives() -> None:
+    with hand_pub() as pub:
+        async with subscribing(hand_target(pub)) as (subscriber, sink):
+            await pub.subscribed()
+            await pub.send(0, payload(10))
+            await pub.send(1, nested(11, 5000))
+            await pub.send(2, payload(12))
+            await received(sink, [12])
+            assert sink.markers() == [10, 12]
+            assert ("gap", 1, 2) in sink.calls
+            assert subscriber.counts.undecodable == 1
+
+
+async def test_a_sequence_going_back_and_forth_is_logged_once_not_per_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="headcount.kvindex.subscriber")
+    with hand_pub() as pub:
+        async with subscribing(hand_target(pub)) as (_, sink):
+            await pub.subscribed()
+            for seq in [0, 1] * 100:
+                await pub.send(seq, payload(10 + seq))
+            await wait_until(lambda: len(sink.batches) == 200, what="every batch")
+            assert sink.control().count(("clear", ClearReason.RESTART)) == 99
+    restarts = [r for r in caplog.records if "sequence went back" in r.getMessage()]
+    assert len(restarts) == 1
+
+
+@contextlib.asynccontextmanager
+async def answering_short(router: HandRouter) -> AsyncIterator[list[int]]:
+    """Answers every replay request at once with the end marker alone; yields the starts."""
+    starts: list[int] = []
+
+    async def answer() -> None:
+        while True:
+            identity, _, start = await router.socket.recv_multipart()
+            starts.append(int.from_bytes(start, "big"))
+            await router.socket.send_multipart([identity, *replay_end("current")])
+
+    task = asyncio.create_task(answer())
+    try:
+        yield starts
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_replays_are_budgeted_and_a_gap_past_the_budget_clears_without_asking() -> None:
+    async with (
+        hand_made() as (pub, router, target),
+        subscribing(target) as (subscriber, sink),
+        answering_short(router) as starts,
+    ):
+        await pub.subscribed()
+        seqs = list(range(0, 40, 2))  # every message skips one
+        for seq in seqs:
+            await pub.send(seq, payload(10 + seq))
+        await received(sink, [10 + seqs[-1]])
+        assert sink.seqs() == seqs
+        gaps = len(seqs) - 1
+        assert sink.control().count(("clear", ClearReason.GAP)) == gaps
+        assert (subscriber.counts.replays, len(starts)) == (6, 6)
+        assert subscriber.counts.replays_refused == gaps - 6
+
+
+async def test_live_frames_held_during_a_replay_are_bounded_in_bytes() -> None:
+    async with (
+        hand_made() as (pub, router, target),
+        subscribing(replace(target, replay_timeout=5.0)) as (subscriber, sink),
+    ):
+        await pub.subscribed()
+        await pub.send(0, payload(10))
+        await pub.send(2, payload(12))
+        identity, _ = await router.request()
+        for seq in range(3, 15):  # 12 MiB while the default bound is 4 frames of 2 MiB
+            await pub.send(seq, padded(10 + seq, 1024 * 1024))
+        await wait_until(lambda: subscriber.counts.held_dropped >= 4, what="held frames dropped")
+        await router.answer(identity, {1: 11, 2: 12})
+        identity, start = await router.request()  # the newest held show what was dropped
+        await router.answer(identity, {})
+        await received(sink, [24])
+        kept = 3 + subscriber.counts.held_dropped
+        assert start == 3
+        assert sink.control()[-3:] == [
+            ("gap", 3, kept),
+            ("replayed", False),
+            ("clear", ClearReason.GAP),
+        ]
+        assert sink.markers() == [10, 11, 12, *range(10 + kept, 25)]

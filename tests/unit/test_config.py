@@ -196,6 +196,10 @@ def test_kv_event_flags_fill_the_kv_settings(tmp_path: Path) -> None:
         "30s",
         "--kv-events-replay-timeout",
         "500ms",
+        "--kv-events-max-frame",
+        "8MiB",
+        "--kv-events-budget",
+        "200000",
         "--tokenizer",
         str(tmp_path),
         "--tokenize-timeout",
@@ -208,6 +212,8 @@ def test_kv_event_flags_fill_the_kv_settings(tmp_path: Path) -> None:
         topic="kv",
         idle_timeout=30.0,
         replay_timeout=0.5,
+        max_frame=8 * 1024 * 1024,
+        budget=200_000,
         tokenizer=str(tmp_path),
         tokenize_timeout=0.25,
     )
@@ -231,6 +237,8 @@ def test_kv_event_flags_default_to_vllms_ports_and_the_engines_tokenize() -> Non
         (lambda: KvEventsSettings(idle_timeout=0), "--kv-events-idle-timeout must be positive"),
         (lambda: KvEventsSettings(replay_timeout=-1), "--kv-events-replay-timeout must be"),
         (lambda: KvEventsSettings(tokenize_timeout=0), "--tokenize-timeout must be positive"),
+        (lambda: KvEventsSettings(max_frame=512), "--kv-events-max-frame 512: use at least 1KiB"),
+        (lambda: KvEventsSettings(budget=0), "--kv-events-budget must be positive"),
         (lambda: KvEventsSettings(tokenizer="/nonexistent"), r"--tokenizer /nonexistent: no"),
     ],
 )

@@ -36,6 +36,7 @@ class FakeSubscriber:
     def __init__(self, target: SubscriberTarget, sink: StreamSink) -> None:
         self.target, self.sink = target, sink
         self.cancelled = False
+        self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> None:
         FakeSubscriber.started.append(self)
@@ -43,9 +44,13 @@ class FakeSubscriber:
             FakeSubscriber.crash = False
             raise RuntimeError("boom")
         try:
-            await asyncio.Event().wait()
+            await self.failure
         finally:
             self.cancelled = True
+
+    def fail(self) -> None:
+        """Make the running subscriber raise, as a decoder bug would."""
+        self.failure.set_exception(RecursionError("maximum recursion depth exceeded"))
 
 
 @pytest.fixture
@@ -347,6 +352,27 @@ async def test_a_crashed_subscriber_is_started_again(
         return sum("10.0.0.3" in s.target.endpoint for s in FakeSubscriber.started) == 2
 
     await wait_until(twice, timeout=5, what="the subscriber started again")
+
+
+async def test_after_a_subscriber_crash_the_index_is_rebuilding_never_synced(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    _, indexes, clock = world
+    sink = await engine_a_holding_the_prompt()
+    (await subscriber_of("10.0.0.1")).fail()
+
+    async def restarted() -> bool:
+        return sum("10.0.0.1" in s.target.endpoint for s in FakeSubscriber.started) == 2
+
+    await wait_until(restarted, timeout=5, what="the subscriber started again")
+    sink.connected(True)  # the new subscriber reached the publisher; what it missed is unknown
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.clears[ClearReason.GAP]) == (IndexTrust.REBUILDING, 0, 1)
+    assert indexes.match("a", KEYS) == 4  # hints, until the rebuild window ends
+    clock.now += 30
+    indexes.tick()
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 0)
 
 
 def scrape(fleet: Fleet, indexes: KvIndexes, hits: float) -> None:

@@ -400,6 +400,20 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     kv.add_argument(
+        "--kv-events-max-frame",
+        type=parse_size,
+        default=kv_d.max_frame,
+        help="larger frames from an engine's event sockets are dropped unread (a gap); bytes, "
+        f"or 512KiB, 8MiB (default {format_size(kv_d.max_frame)})",
+    )
+    kv.add_argument(
+        "--kv-events-budget",
+        type=int,
+        default=kv_d.budget,
+        help="blocks a second one engine's events may cost (a frame counts 50 more, and one "
+        "per 128 bytes); an engine over it is read more slowly (default %(default)s)",
+    )
+    kv.add_argument(
         "--tokenizer",
         metavar="DIR|builtin",
         default=kv_d.tokenizer,
@@ -501,6 +515,8 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             topic=ns.kv_events_topic,
             idle_timeout=ns.kv_events_idle_timeout,
             replay_timeout=ns.kv_events_replay_timeout,
+            max_frame=ns.kv_events_max_frame,
+            budget=ns.kv_events_budget,
             tokenizer=ns.tokenizer,
             tokenize_timeout=ns.tokenize_timeout,
         ),

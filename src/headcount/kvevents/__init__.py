@@ -5,8 +5,9 @@ one batch per scheduler step that stored, evicted or cleared cached blocks,
 and serves past batches from a bounded buffer on a ROUTER socket for
 subscribers that missed some. This package is that wire, for both layouts
 vLLM has used (0.10 and current): the events as values (`events`), their
-msgpack encoding and a decoder that reads either (`layouts`), and the ZMQ
-frames around them (`frames`). The simulated engine publishes with it; a
+msgpack encoding and a decoder that reads either (`layouts`), the ZMQ
+frames around them (`frames`), and batches cut into slices of bounded work
+that mean what the whole meant (`slices`). The simulated engine publishes with it; a
 subscriber decodes with it.
 """
 
@@ -30,7 +31,16 @@ from headcount.kvevents.frames import (
     replay_request,
     seq_frame,
 )
-from headcount.kvevents.layouts import LAYOUTS, Layout, decode_batch, encode_batch
+from headcount.kvevents.layouts import (
+    LAYOUTS,
+    Layout,
+    RawBatch,
+    decode_batch,
+    decode_events,
+    encode_batch,
+    split_batch,
+)
+from headcount.kvevents.slices import SliceBound, event_blocks, slices
 
 __all__ = [
     "END_SEQ",
@@ -44,8 +54,12 @@ __all__ = [
     "KvEvent",
     "KvEventDecodeError",
     "Layout",
+    "RawBatch",
+    "SliceBound",
     "decode_batch",
+    "decode_events",
     "encode_batch",
+    "event_blocks",
     "frame_seq",
     "parse_replay_reply",
     "pub_frames",
@@ -53,4 +67,6 @@ __all__ = [
     "replay_reply",
     "replay_request",
     "seq_frame",
+    "slices",
+    "split_batch",
 ]

@@ -31,7 +31,15 @@ from headcount.kvevents.events import (
     KvEvent,
 )
 
-__all__ = ["LAYOUTS", "Layout", "decode_batch", "encode_batch"]
+__all__ = [
+    "LAYOUTS",
+    "Layout",
+    "RawBatch",
+    "decode_batch",
+    "decode_events",
+    "encode_batch",
+    "split_batch",
+]
 
 Layout = Literal["0.10", "current"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
@@ -90,8 +98,8 @@ class _WireBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-class _RawBatch(msgspec.Struct, array_like=True, gc=False):
-    """The batch as first decoded: each event left raw until its layout is seen."""
+class RawBatch(msgspec.Struct, array_like=True, gc=False):
+    """A batch as first decoded (`split_batch`): each event left raw until `decode_events`."""
 
     ts: float
     events: list[msgspec.Raw]
@@ -99,7 +107,7 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_raw_batch = msgspec.msgpack.Decoder(_RawBatch)
+_raw_batch = msgspec.msgpack.Decoder(RawBatch)
 _current_event = msgspec.msgpack.Decoder(KvEvent)
 _event_010 = msgspec.msgpack.Decoder(_Wire010)
 
@@ -119,22 +127,43 @@ def encode_batch(batch: EventBatch, layout: Layout) -> bytes:
 
 def decode_batch(payload: bytes) -> EventBatch:
     """The batch in `payload`, whichever layout each of its events is in."""
+    raw = split_batch(payload)
+    return EventBatch(raw.ts, decode_events(raw.events), raw.data_parallel_rank)
+
+
+def split_batch(payload: bytes) -> RawBatch:
+    """The batch in `payload`, its events still raw: `decode_events` reads them, as many at
+    a time as the caller likes, since a batch of a hundred thousand events is one frame."""
     try:
-        raw = _raw_batch.decode(payload)
-        events = [_decode_event(event) for event in raw.events]
-    except msgspec.MsgspecError as exc:
-        raise KvEventDecodeError(f"not a KV-event batch: {exc}") from None
-    return EventBatch(raw.ts, events, raw.data_parallel_rank)
+        return _raw_batch.decode(payload)
+    except (msgspec.MsgspecError, RecursionError) as exc:
+        raise KvEventDecodeError(f"not a KV-event batch: {type(exc).__name__}: {exc}") from None
+
+
+def decode_events(raw: list[msgspec.Raw]) -> list[KvEvent]:
+    """Raw events of a batch, whichever layout each is in.
+
+    Values nested deeper than the interpreter's recursion limit (`extra_keys` may hold
+    anything) and blocks of fewer than one token are no event any engine sends.
+    """
+    try:
+        return [_decode_event(event) for event in raw]
+    except (msgspec.MsgspecError, RecursionError) as exc:
+        raise KvEventDecodeError(f"not a KV event: {type(exc).__name__}: {exc}") from None
 
 
 def _decode_event(raw: msgspec.Raw) -> KvEvent:
     head = memoryview(raw)[0]
+    event: KvEvent
     if 0x80 <= head <= 0x8F or head in (0xDE, 0xDF):  # a map: the current layout
-        event: KvEvent = _current_event.decode(raw)
-        return event
-    if 0x90 <= head <= 0x9F or head in (0xDC, 0xDD):  # an array: vLLM 0.10
-        return _from_010(_event_010.decode(raw))
-    raise KvEventDecodeError(f"a KV event must be a map or an array, not msgpack 0x{head:02x}")
+        event = _current_event.decode(raw)
+    elif 0x90 <= head <= 0x9F or head in (0xDC, 0xDD):  # an array: vLLM 0.10
+        event = _from_010(_event_010.decode(raw))
+    else:
+        raise KvEventDecodeError(f"a KV event must be a map or an array, not msgpack 0x{head:02x}")
+    if isinstance(event, BlockStored) and event.block_size < 1:
+        raise KvEventDecodeError(f"a block holds at least one token, not {event.block_size}")
+    return event
 
 
 def _from_010(event: _Wire010) -> KvEvent:

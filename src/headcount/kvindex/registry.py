@@ -347,6 +347,7 @@ class KvIndexes:
             except Exception:
                 _log.exception("kv events of %s: the subscriber failed; restarting", tracked.name)
             tracked.connected(False)
+            tracked.clear(ClearReason.GAP)  # what it missed meanwhile: hints until shown again
             await self._sleep(_RESTART_DELAY)
 
     # --- the tick: capacity, the engine's own hit counter, idle timeouts

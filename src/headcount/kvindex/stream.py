@@ -39,7 +39,9 @@ class StreamSink(Protocol):
         """The SUB socket reached the publisher (True), or lost it (False)."""
 
     def batch(self, seq: int, batch: EventBatch) -> None:
-        """The next batch in sequence (live, or replayed to fill a gap)."""
+        """The next batch in sequence (live, or replayed to fill a gap); a large one comes as
+        consecutive calls with the same `seq`, its slices (`kvevents.slices`), the loop
+        running between them."""
 
     def gap(self, expected: int, got: int) -> None:
         """Batches `expected`..`got - 1` were missed; a replay is being asked for."""

@@ -21,10 +21,17 @@ only what the index must act on (docs/RESEARCH-kv-events.md §6(b)):
   TCP connect, counts as connected, so a port held by something else is not a
   publisher; heartbeats make a silently dead peer count as disconnected.
 
-Reconnecting is ZMQ's own. Every message is awaited through a poller, which
-lets the loop run between any two, so a burst of batches never starves it.
-A frame that does not decode is logged (rate limited), counted, and is a
-missed batch: the next one reveals the gap.
+Every message is awaited through a poller, which lets the loop run between
+any two. What a stream costs is the router's choice, never the engine's: ZMQ
+refuses a frame over `max_frame` unread (the subscriber dials
+again: a gap) and holds at most 16 per socket; batches are decoded and passed
+on in slices of bounded work (`kvevents.slices`), the loop running between;
+an engine over its `budget` a second is read later (its publisher drops the
+excess: a gap); replays are budgeted, a gap past that is cleared; live frames
+held during a replay are bounded in number and bytes (the oldest go: a gap);
+a frame that does not decode, whatever the decoder raised, is counted and a
+missed batch (the next one reveals the gap), never the end of the task; and
+each log line an engine can provoke is rate-limited per kind (`LogLimit`).
 Data-parallel engines are left out: one subscriber per engine, on rank 0's
 port, and batches of another rank are ignored and counted.
 """
@@ -32,28 +39,38 @@ port, and batches of another rank are ignored and counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from headcount.clock import Clock, Sleep
+from headcount.config import KvEventsSettings
 from headcount.kvevents import (
     END_SEQ,
     EventBatch,
+    KvEvent,
     KvEventDecodeError,
-    decode_batch,
+    SliceBound,
+    decode_events,
+    event_blocks,
     frame_seq,
     parse_replay_reply,
     replay_request,
+    slices,
+    split_batch,
 )
+from headcount.kvindex.budget import Budget
+from headcount.kvindex.log_limit import LogLimit
+from headcount.kvindex.redial import Redial
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 
-__all__ = ["EventSubscriber", "SubscriberCounts"]
+__all__ = ["SLICE", "EventSubscriber", "SubscriberCounts"]
 
 _log = logging.getLogger(__name__)
 
@@ -61,8 +78,22 @@ _UP_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED
 _DOWN_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 _RANK = 0
 """The data-parallel rank whose batches are applied."""
-_DECODE_LOG_INTERVAL = 60.0
-"""Seconds between two log lines about undecodable frames from one engine."""
+_LOG_EVERY = 60.0
+"""Seconds between two log lines of one kind about one engine."""
+_QUEUED = 16
+"""Messages ZMQ holds per socket before it stops reading (its receive high-water mark):
+frames of up to `max_frame` each, so it bounds memory; past it the publisher drops."""
+_HELD_FRAMES = 4
+"""Live frames held during a replay are bounded in bytes to this many of the largest."""
+SLICE = SliceBound(blocks=1024, tokens=16_384)
+"""The most an index is given at once: about 2 ms of keying and bookkeeping here."""
+_DECODE_EVENTS = 1024
+"""Events decoded at once (a few milliseconds); the loop runs between two chunks."""
+_FRAME_COST, _BYTES_PER_BLOCK = 50, 128
+"""Costs in blocks (about 2 µs each): receiving and sequencing a frame; decoding this many
+bytes of it (one object per byte at worst)."""
+_REPLAYS = 6
+"""Replays per engine a minute (and at once): a healthy stream gaps a few times an hour."""
 
 
 @dataclass
@@ -75,8 +106,18 @@ class SubscriberCounts:
     """Batches of a data-parallel rank other than 0, ignored."""
     replays: int = 0
     """Replays asked for."""
+    replays_refused: int = 0
+    """Gaps not replayed, the engine's replay budget spent: cleared instead."""
     held_dropped: int = 0
-    """Live batches dropped because too many arrived during one replay."""
+    """Live batches dropped because too many, or too many bytes, arrived during one replay."""
+    sliced: int = 0
+    """Batches passed on in more than one slice."""
+    throttled: int = 0
+    """Times the engine's budget was spent and its stream read later."""
+    throttled_seconds: float = 0.0
+    """How much later, in all."""
+    logs_left_out: int = 0
+    """Log lines about this engine left out by the rate limit."""
 
 
 class _ReplayFailed(Exception):
@@ -97,7 +138,10 @@ class EventSubscriber:
         heartbeat_ivl: float = 2.0,
         heartbeat_timeout: float = 6.0,
         held_limit: int = 10_000,
-        clock: Callable[[], float] = time.monotonic,
+        max_frame: int = KvEventsSettings.max_frame,
+        budget: int = KvEventsSettings.budget,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.target = target
         self.counts = SubscriberCounts()
@@ -110,21 +154,30 @@ class EventSubscriber:
             zmq.HEARTBEAT_TIMEOUT: round(heartbeat_timeout * 1000),
             zmq.LINGER: 0,
         }
-        self._clock = clock
+        self._limits = {zmq.MAXMSGSIZE: max_frame, zmq.RCVHWM: _QUEUED, zmq.LINGER: 0}
+        self._sleep = sleep
+        self._budget = Budget(budget, budget, clock)
+        self._replays = Budget(_REPLAYS / 60.0, _REPLAYS, clock)
+        self._logs = LogLimit(_log, _LOG_EVERY, clock)
         self._connected = False
+        self._redial = Redial(reconnect_ivl, reconnect_ivl_max, clock)
+        self._dial_after: float | None = None
+        """Seconds to wait before dialling again after a lost session; None: no need."""
         self._last: int | None = None
         """The seq of the last batch passed on (or skipped by rank); None: a fresh start."""
         self._live: int | None = None
         """The seq of the last live frame read, applied or not: restarts show against it."""
-        self._held: deque[list[bytes]] = deque(maxlen=held_limit)
-        self._decode_logged_at: float | None = None
+        self._held: deque[list[bytes]] = deque()
+        self._held_bytes = 0
+        self._held_limit = held_limit
+        self._held_max_bytes = _HELD_FRAMES * max_frame
 
     async def run(self) -> None:
         """Subscribe and feed the sink until cancelled; sockets are closed with linger 0."""
         sub = self._context.socket(zmq.SUB)
         monitor: zmq.asyncio.Socket | None = None
         try:
-            for option, value in self._options.items():
+            for option, value in (self._options | self._limits).items():
                 sub.setsockopt(option, value)
             sub.setsockopt(zmq.SUBSCRIBE, self.target.topic.encode())
             monitor = sub.get_monitor_socket(_UP_EVENTS | _DOWN_EVENTS)
@@ -141,14 +194,47 @@ class EventSubscriber:
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         while True:
-            while self._held:
-                await self._on_live(self._held.popleft(), sub, monitor)
+            await self._within_budget()
+            if self._dial_after is not None:
+                wait, self._dial_after = self._dial_after, None
+                await self._dial_again(wait, sub, monitor)
+            if self._held:
+                frames = self._held.popleft()
+                self._held_bytes -= _size(frames)
+                await self._on_live(frames, sub, monitor)
                 await asyncio.sleep(0)  # held frames skip the poller, which would yield
+                continue
             ready = dict(await poller.poll())
             if monitor in ready:
                 self._on_monitor(await monitor.recv_multipart())
             if sub in ready:
                 await self._on_live(await sub.recv_multipart(), sub, monitor)
+
+    # ---------------------------------------------------------------- what it may cost
+
+    async def _within_budget(self) -> None:
+        """Wait until the engine's budget is repaid; meanwhile its frames queue, then drop."""
+        overdue = self._budget.overdue()
+        if overdue <= 0:
+            return
+        self.counts.throttled += 1
+        self.counts.throttled_seconds += overdue
+        self._note(
+            "budget",
+            logging.WARNING,
+            "over its budget of %d blocks a second, read %.1fs later "
+            "(what its publisher cannot queue meanwhile is dropped: a gap)",
+            round(self._budget.rate),
+            overdue,
+        )
+        await self._sleep(overdue)
+
+    def _charge(self, frames: list[bytes]) -> None:
+        self._budget.charge(_FRAME_COST + _size(frames) // _BYTES_PER_BLOCK)
+
+    def _note(self, kind: str, level: int, message: str, *args: object) -> None:
+        self._logs.log(kind, level, "KV events from %s: " + message, self.target.endpoint, *args)
+        self.counts.logs_left_out = self._logs.left_out
 
     # ---------------------------------------------------------------- connection
 
@@ -159,16 +245,32 @@ class EventSubscriber:
             return
         self._connected = up
         if up:
-            _log.info("KV events from %s: connected", self.target.endpoint)
+            self._redial.up()
+            self._note("connected", logging.INFO, "connected")
         else:
-            _log.warning("KV events from %s: disconnected", self.target.endpoint)
+            self._note("disconnected", logging.WARNING, "disconnected")
+            if event & zmq.EVENT_DISCONNECTED:  # ZMQ never redials after a protocol error
+                self._dial_after = self._redial.lost()  # (a frame over `max_frame`): we do
         self._sink.connected(up)
+
+    async def _dial_again(
+        self, wait: float, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
+    ) -> None:
+        """After `wait`, dial again unless ZMQ's own reconnect has brought the session back."""
+        await self._sleep(wait)
+        while await monitor.poll(0):
+            self._on_monitor(await monitor.recv_multipart())
+        if not self._connected and self._dial_after is None:
+            with contextlib.suppress(zmq.ZMQError):  # already gone
+                sub.disconnect(self.target.endpoint)
+            sub.connect(self.target.endpoint)
 
     # ---------------------------------------------------------------- the sequence
 
     async def _on_live(
         self, frames: list[bytes], sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
     ) -> None:
+        self._charge(frames)
         try:
             if len(frames) != 3:
                 raise KvEventDecodeError(f"a live message has 3 frames, not {len(frames)}")
@@ -177,21 +279,34 @@ class EventSubscriber:
             self._undecodable(exc)
             return
         if self._live is not None and seq <= self._live:
-            _log.warning(
-                "KV events from %s: sequence went back from %d to %d, the engine restarted",
-                self.target.endpoint,
+            self._note(
+                "restart",
+                logging.WARNING,
+                "sequence went back from %d to %d, the engine restarted",
                 self._live,
                 seq,
             )
             self._sink.clear(ClearReason.RESTART)
             self._last = None
         self._live = seq
+        batch = await self._decode(frames[2])
+        if batch is not None:  # else a missed batch: the next one shows the gap
+            await self._sequence(seq, batch, sub, monitor)
+
+    async def _decode(self, payload: bytes) -> EventBatch | None:
+        """The batch in `payload`, decoded a chunk of events at a time, the loop running in
+        between; None, counted, when it is not one, whatever the decoder raised."""
         try:
-            batch = decode_batch(frames[2])
-        except KvEventDecodeError as exc:
-            self._undecodable(exc)  # a missed batch: the next one shows the gap
-            return
-        await self._sequence(seq, batch, sub, monitor)
+            raw = split_batch(payload)
+            events: list[KvEvent] = []
+            for start in range(0, len(raw.events), _DECODE_EVENTS):
+                if start:
+                    await asyncio.sleep(0)
+                events += decode_events(raw.events[start : start + _DECODE_EVENTS])
+        except Exception as exc:  # an engine's bytes must never end the subscriber
+            self._undecodable(exc)
+            return None
+        return EventBatch(raw.ts, events, raw.data_parallel_rank)
 
     async def _sequence(
         self,
@@ -205,21 +320,17 @@ class EventSubscriber:
             return  # already replayed
         expected = 0 if last is None else last + 1
         if seq == expected:
-            self._deliver(seq, batch)
+            await self._deliver(seq, batch)
             return
-        _log.info(
-            "KV events from %s: batches %d..%d missed, asking for a replay",
-            self.target.endpoint,
-            expected,
-            seq - 1,
-        )
+        self._note("gap", logging.INFO, "batches %d..%d missed, replaying", expected, seq - 1)
         self._sink.gap(expected, seq)
         try:
             await self._replay(expected, seq, sub, monitor)
         except _ReplayFailed as failure:
-            _log.warning(
-                "KV events from %s: replay from %d failed (%s); index cleared, rebuilding",
-                self.target.endpoint,
+            self._note(
+                "replay failed",
+                logging.WARNING,
+                "replay from %d failed (%s); index cleared, rebuilding",
                 expected,
                 failure,
             )
@@ -227,17 +338,25 @@ class EventSubscriber:
             self._sink.clear(ClearReason.GAP)
             self._last = None
         else:
-            _log.info("KV events from %s: replay filled the gap", self.target.endpoint)
+            self._note("replay filled", logging.INFO, "replay filled the gap")
             self._sink.replayed(True)
         if self._last is None or seq > self._last:
-            self._deliver(seq, batch)
+            await self._deliver(seq, batch)
 
-    def _deliver(self, seq: int, batch: EventBatch) -> None:
+    async def _deliver(self, seq: int, batch: EventBatch) -> None:
+        """Pass `batch` on in slices of bounded work (one, mostly), the loop running between."""
         self._last = seq
         if batch.data_parallel_rank not in (None, _RANK):
             self.counts.other_rank += 1
             return
-        self._sink.batch(seq, batch)
+        parts = 0
+        for part in slices(batch, SLICE):
+            if parts:
+                await asyncio.sleep(0)
+            parts += 1
+            self._budget.charge(sum(map(event_blocks, part.events)))
+            self._sink.batch(seq, part)
+        self.counts.sliced += parts > 1
 
     # ---------------------------------------------------------------- replay
 
@@ -246,10 +365,14 @@ class EventSubscriber:
     ) -> None:
         """Pass on batches `start`..`live - 1` (and any after) from the replay socket, or raise
         `_ReplayFailed`; live frames that arrive meanwhile are held for later."""
+        if not self._replays.take(1):
+            self.counts.replays_refused += 1
+            raise _ReplayFailed(f"its budget of {_REPLAYS} replays a minute is spent")
         self.counts.replays += 1
         dealer = self._context.socket(zmq.DEALER)  # never reused: a late answer must not
         try:  # confuse the next replay
-            dealer.setsockopt(zmq.LINGER, 0)
+            for option, value in self._limits.items():
+                dealer.setsockopt(option, value)
             dealer.connect(self.target.replay_endpoint)
             try:
                 async with asyncio.timeout(self.target.replay_timeout):
@@ -273,37 +396,50 @@ class EventSubscriber:
             if monitor in ready:
                 self._on_monitor(await monitor.recv_multipart())
             if sub in ready:
-                self._hold(await sub.recv_multipart())
+                frames = await sub.recv_multipart()
+                self._charge(frames)  # and again when it is read, if it is kept
+                self._hold(frames)
             if dealer not in ready:
                 continue
+            frames = await dealer.recv_multipart()
+            self._charge(frames)
             try:
-                seq, payload = parse_replay_reply(await dealer.recv_multipart())
-                if seq == END_SEQ:
-                    return
-                batch = decode_batch(payload)
+                seq, payload = parse_replay_reply(frames)
             except KvEventDecodeError as exc:
                 self._undecodable(exc)
                 raise _ReplayFailed("an undecodable reply") from None
+            if seq == END_SEQ:
+                return
+            batch = await self._decode(payload)
+            if batch is None:
+                raise _ReplayFailed("an undecodable reply")
             expected = 0 if self._last is None else self._last + 1
             if seq > expected:  # the engine no longer holds what was missed
                 raise _ReplayFailed(f"batch {expected} is not in it (it went on with {seq})")
             if seq == expected:
-                self._deliver(seq, batch)
+                await self._deliver(seq, batch)
+            await self._within_budget()
 
     def _hold(self, frames: list[bytes]) -> None:
-        if len(self._held) == self._held.maxlen:
-            self.counts.held_dropped += 1  # the oldest goes: a gap the next replay may fill
+        """Keep a live frame for after the replay; past the bounds the oldest go (a gap the
+        next replay may fill)."""
         self._held.append(frames)
+        self._held_bytes += _size(frames)
+        while len(self._held) > self._held_limit or self._held_bytes > self._held_max_bytes:
+            self._held_bytes -= _size(self._held.popleft())
+            self.counts.held_dropped += 1
 
-    def _undecodable(self, exc: KvEventDecodeError) -> None:
+    def _undecodable(self, exc: Exception) -> None:
         self.counts.undecodable += 1
-        now = self._clock()
-        logged = self._decode_logged_at
-        if logged is None or now - logged >= _DECODE_LOG_INTERVAL:
-            self._decode_logged_at = now
-            _log.warning(
-                "KV events from %s: undecodable frame (%d so far): %s",
-                self.target.endpoint,
-                self.counts.undecodable,
-                exc,
-            )
+        self._note(
+            "undecodable",
+            logging.WARNING,
+            "undecodable frame (%d so far): %s: %s",
+            self.counts.undecodable,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _size(frames: list[bytes]) -> int:
+    return sum(map(len, frames))
