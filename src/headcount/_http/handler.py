@@ -26,6 +26,7 @@ class Request:
 
     __slots__ = (
         "body",
+        "client",
         "headers",
         "http11",
         "is_head",
@@ -44,7 +45,9 @@ class Request:
         body: bytes,
         http11: bool,
         keep_alive: bool,
+        client: str = "",
     ) -> None:
+        """`client`: the address the connection comes from (its host; "" if unknown)."""
         self.method = method
         self.target = target
         path, _, query = target.partition(b"?")
@@ -54,6 +57,7 @@ class Request:
         self.body = body
         self.http11 = http11
         self.keep_alive = keep_alive
+        self.client = client
         self.is_head = method == b"HEAD"
 
 

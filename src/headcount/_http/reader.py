@@ -184,6 +184,7 @@ class RequestReader(HeadReader[_Message]):
 
     __slots__ = (
         "_backlog",
+        "_client",
         "_continue",
         "_discarded",
         "_feed_max",
@@ -222,6 +223,8 @@ class RequestReader(HeadReader[_Message]):
         self._parser = httptools.HttpRequestParser(self)
         self._phase = IDLE
         self._transport: asyncio.Transport | None = None
+        self._client = ""
+        """The peer's address (`Request.client`), set when the connection is made."""
         self._queue: deque[Request | Early | Joining | bytes] = deque()
         """What is read and not yet dispatched, in order: requests, and the answer that
         ends the connection (`_CLOSE_AFTER` when there is nothing to say)."""
@@ -390,6 +393,7 @@ class RequestReader(HeadReader[_Message]):
             b"",
             message.http11,
             parser.should_keep_alive(),
+            self._client,
         )
         message.request = request
         length = message.content_length

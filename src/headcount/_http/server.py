@@ -142,6 +142,9 @@ class HttpServerProtocol(RequestReader):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self._client = str(peer[0])
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with suppress(OSError):

@@ -24,15 +24,15 @@ import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from headcount.proxy import payload
 from headcount.proxy.payload import UNAVAILABLE, Outcome
 from headcount.routing import KeySource
 
-__all__ = ["ParsePool"]
+__all__ = ["ParsePool", "StartWorker", "Worker"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,6 +52,24 @@ _ROOT = str(Path(payload.__file__).resolve().parents[2])
 _PIPE_SIZE = 1024 * 1024
 """Pipe buffer asked for (Linux allows an unprivileged process 1 MiB): fewer loop wakeups."""
 _LOG_EVERY = 60.0
+
+
+class Worker(Protocol):
+    """What the pool needs of a worker: one body read at a time."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def ask(self, head: bytes, meta: bytes, body: bytes) -> Outcome:
+        """The outcome of one body (`payload.encode_request`'s framing); raises when the
+        worker dies (OSError, EOFError, ValueError, `IncompleteReadError`)."""
+        ...
+
+    def kill(self) -> None: ...
+
+
+StartWorker = Callable[[int], Awaitable[Worker]]
+"""Starts a worker whose parse may add at most that many bytes of address space (0: any)."""
 
 
 class _Worker:
@@ -106,24 +124,38 @@ class _Worker:
 class ParsePool:
     """Reads request bodies in at most `workers` child processes; see the module docstring."""
 
-    def __init__(self, workers: int, memory_limit: int) -> None:
-        """`memory_limit`: bytes of address space a worker's parse may add (0: unbounded)."""
+    def __init__(
+        self, workers: int, memory_limit: int, *, start: StartWorker = _Worker.start
+    ) -> None:
+        """`memory_limit`: bytes of address space a worker's parse may add (0: unbounded);
+        `start`: how a worker is started (a child process; tests inject others)."""
         self._max = workers
         self._memory_limit = memory_limit
-        self._idle: list[_Worker] = []
+        self._start_worker = start
+        self._idle: list[Worker] = []
         self._count = 0
         """Workers running or starting."""
-        self._waiters: deque[asyncio.Future[_Worker | None]] = deque()
+        self._waiters: deque[asyncio.Future[Worker | None]] = deque()
         self._tasks: set[asyncio.Future[Any]] = set()
         self._names: dict[KeySource, str | None] = {}
         self._closed = False
         self._logged_at = -_LOG_EVERY
         self._unlogged = 0
 
+    @property
+    def waiting(self) -> int:
+        """Bodies waiting for a worker."""
+        return len(self._waiters)
+
     async def read(
-        self, body: bytes, key_source: KeySource | None, headers: Sequence[tuple[bytes, bytes]]
+        self,
+        body: bytes,
+        key_source: KeySource | None,
+        headers: Sequence[tuple[bytes, bytes]],
+        client: str = "",
     ) -> Outcome:
-        """`(model, key)` of `body`, or why it cannot be routed (`payload`'s codes)."""
+        """`(model, key)` of `body`, or why it cannot be routed (`payload`'s codes); `client`:
+        where the body comes from (`Request.client`)."""
         name = None
         if key_source is not None:
             name = self._name(key_source)
@@ -156,7 +188,7 @@ class ParsePool:
 
     # -- workers ------------------------------------------------------------------------------
 
-    async def _acquire(self) -> _Worker | None:
+    async def _acquire(self) -> Worker | None:
         if self._closed:
             return None
         while self._idle:
@@ -164,7 +196,7 @@ class ParsePool:
             if worker.alive:
                 return worker
             self._lost(worker, None)  # died while idle (killed, say): never handed a body
-        waiter: asyncio.Future[_Worker | None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Worker | None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         if self._count < self._max:
             self._spawn()
@@ -185,7 +217,7 @@ class ParsePool:
 
     async def _start(self) -> None:
         try:
-            worker = await _Worker.start(self._memory_limit)
+            worker = await self._start_worker(self._memory_limit)
         except (OSError, ValueError) as error:
             self._count -= 1
             self._warn("cannot start a body-parsing worker: %s", error)
@@ -196,7 +228,7 @@ class ParsePool:
             raise
         self._release(worker)
 
-    async def _ask(self, worker: _Worker, head: bytes, meta: bytes, body: bytes) -> Outcome:
+    async def _ask(self, worker: Worker, head: bytes, meta: bytes, body: bytes) -> Outcome:
         try:
             outcome = await worker.ask(head, meta, body)
         except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as error:
@@ -208,7 +240,7 @@ class ParsePool:
         self._release(worker)
         return outcome
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: Worker) -> None:
         if self._closed:
             worker.kill()
             self._count -= 1
@@ -216,7 +248,7 @@ class ParsePool:
         if not self._wake(worker):
             self._idle.append(worker)
 
-    def _wake(self, worker: _Worker | None) -> bool:
+    def _wake(self, worker: Worker | None) -> bool:
         """Hand `worker` (None: a failed start) to the first request still waiting."""
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -225,7 +257,7 @@ class ParsePool:
                 return True
         return False
 
-    def _lost(self, worker: _Worker, error: BaseException | None) -> None:
+    def _lost(self, worker: Worker, error: BaseException | None) -> None:
         worker.kill()
         self._count -= 1
         if error is not None:
