@@ -161,6 +161,16 @@ async def test_keep_alive_serves_several_requests_on_one_connection(server: Serv
     writer.close()
 
 
+async def test_a_request_knows_the_address_its_connection_comes_from(server: Server) -> None:
+    for address in ("127.0.0.1", "127.0.0.2"):
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", server.port, local_addr=(address, 0)), TIMEOUT
+        )
+        writer.write(get("/echo"))
+        assert (await read_response(reader)).json()["client"] == address
+        writer.close()
+
+
 async def test_client_sockets_have_nodelay(server: Server) -> None:
     # Nagle's algorithm plus the client's delayed ACK holds a small write behind an
     # unacknowledged one for ~40 ms on a reused connection: every streamed chunk would wait.

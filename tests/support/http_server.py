@@ -100,6 +100,7 @@ class EchoApp:
             "query": request.query.decode(),
             "headers": {name.decode(): value.decode() for name, value in request.headers},
             "body": request.body.decode(),
+            "client": request.client,
         }
         responder.respond(200, b"content-type: application/json\r\n", json.dumps(document).encode())
 

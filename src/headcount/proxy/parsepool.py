@@ -11,6 +11,12 @@ is replaced on the next request, and the request it was reading gets
 `UNAVAILABLE` (503). A request whose client leaves stops waiting at once; its
 worker finishes the parse and takes the next body.
 
+Bodies waiting for a worker queue per client (the address their connection
+comes from), and clients take turns (`fairqueue.py`): a client that sends many
+huge bodies cannot make another's small one wait behind all of them, only
+behind one. A client with `per_client` bodies waiting, or a pool with `queued`
+in all, gets `UNAVAILABLE` (503 `overloaded`) for one more at once.
+
 A key source a worker cannot import by name (a lambda, say) is run on the loop
 instead, with a warning once: correct, only not protected.
 """
@@ -23,12 +29,12 @@ import fcntl
 import logging
 import sys
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from headcount.proxy import payload
+from headcount.proxy.fairqueue import FairQueue
 from headcount.proxy.payload import UNAVAILABLE, Outcome
 from headcount.routing import KeySource
 
@@ -52,6 +58,13 @@ _ROOT = str(Path(payload.__file__).resolve().parents[2])
 _PIPE_SIZE = 1024 * 1024
 """Pipe buffer asked for (Linux allows an unprivileged process 1 MiB): fewer loop wakeups."""
 _LOG_EVERY = 60.0
+_QUEUED_PER_WORKER = 64
+"""Bodies that may wait in all, per worker: a normal 100 KiB body is read in about a
+millisecond, so a full queue is well under a second's work; a queue of hostile bodies
+that each take seconds is refused instead of making every client wait minutes."""
+_CLIENT_QUEUED_PER_WORKER = 16
+"""Bodies one client may have waiting, per worker: room for a gateway's bursts, while no
+client fills the queue for all."""
 
 
 class Worker(Protocol):
@@ -125,17 +138,28 @@ class ParsePool:
     """Reads request bodies in at most `workers` child processes; see the module docstring."""
 
     def __init__(
-        self, workers: int, memory_limit: int, *, start: StartWorker = _Worker.start
+        self,
+        workers: int,
+        memory_limit: int,
+        *,
+        start: StartWorker = _Worker.start,
+        per_client: int | None = None,
+        queued: int | None = None,
     ) -> None:
         """`memory_limit`: bytes of address space a worker's parse may add (0: unbounded);
-        `start`: how a worker is started (a child process; tests inject others)."""
+        `start`: how a worker is started (a child process; tests inject others);
+        `per_client`, `queued`: bodies that may wait for a worker, of one client and in all
+        (None: a number per worker, `_CLIENT_QUEUED_PER_WORKER`, `_QUEUED_PER_WORKER`)."""
         self._max = workers
         self._memory_limit = memory_limit
         self._start_worker = start
         self._idle: list[Worker] = []
         self._count = 0
         """Workers running or starting."""
-        self._waiters: deque[asyncio.Future[Worker | None]] = deque()
+        self._waiters: FairQueue[asyncio.Future[Worker | None]] = FairQueue(
+            per_client if per_client is not None else _CLIENT_QUEUED_PER_WORKER * workers,
+            queued if queued is not None else _QUEUED_PER_WORKER * workers,
+        )
         self._tasks: set[asyncio.Future[Any]] = set()
         self._names: dict[KeySource, str | None] = {}
         self._closed = False
@@ -155,14 +179,14 @@ class ParsePool:
         client: str = "",
     ) -> Outcome:
         """`(model, key)` of `body`, or why it cannot be routed (`payload`'s codes); `client`:
-        where the body comes from (`Request.client`)."""
+        where the body comes from (`Request.client`), whose turn it waits for."""
         name = None
         if key_source is not None:
             name = self._name(key_source)
             if name is None:
                 lookup = dict(reversed(headers)).get
                 return payload.read_payload(body, key_source, lookup)
-        worker = await self._acquire()
+        worker = await self._acquire(client)
         if worker is None:
             return UNAVAILABLE
         head, meta = payload.encode_request(body, name, headers)
@@ -177,8 +201,7 @@ class ParsePool:
         for worker in self._idle:
             worker.kill()
         self._idle.clear()
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while (waiter := self._waiters.pop()) is not None:
             if not waiter.done():
                 waiter.set_result(None)
         tasks = list(self._tasks)
@@ -188,7 +211,7 @@ class ParsePool:
 
     # -- workers ------------------------------------------------------------------------------
 
-    async def _acquire(self) -> Worker | None:
+    async def _acquire(self, client: str) -> Worker | None:
         if self._closed:
             return None
         while self._idle:
@@ -197,7 +220,9 @@ class ParsePool:
                 return worker
             self._lost(worker, None)  # died while idle (killed, say): never handed a body
         waiter: asyncio.Future[Worker | None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        if not self._waiters.push(client, waiter):
+            self._warn("too many request bodies wait to be read: answered 503 (%s)", client)
+            return None
         if self._count < self._max:
             self._spawn()
         try:
@@ -205,6 +230,8 @@ class ParsePool:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and (handed := waiter.result()):
                 self._release(handed)
+            else:
+                self._waiters.remove(client, waiter)
             raise
 
     def _spawn(self) -> None:
@@ -250,8 +277,7 @@ class ParsePool:
 
     def _wake(self, worker: Worker | None) -> bool:
         """Hand `worker` (None: a failed start) to the first request still waiting."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while (waiter := self._waiters.pop()) is not None:
             if not waiter.done():
                 waiter.set_result(worker)
                 return True
