@@ -17,11 +17,10 @@ a fresh one per request. The head is counted as `head.py` counts any head.
 
 Memory: a body is held as few objects (`body.py`: its first piece as it came,
 then pieces of up to 1 MiB), never one per chunk, and counted against the
-budget as it arrives (never as declared; a chunked one in 64 KiB steps) until its
-exchange ends. A
-connection that ends releases everything at once: its budget, its buffers, and
-the protocol <-> parser reference cycle, so a dropped upload is freed without
-waiting for the cyclic garbage collector.
+budget as it arrives (never as declared; a chunked one in 64 KiB steps) until
+its exchange ends. A connection that ends releases everything at once: its
+budget, its buffers, and the protocol <-> parser reference cycle, so a dropped
+upload is freed without waiting for the cyclic garbage collector.
 
 The loop: a read over 16 KiB is parsed a slice per loop iteration (reading
 paused meanwhile), so no read costs more than one slice's parsing, and a body

@@ -31,8 +31,9 @@ before any of its body is read: only a proxied `POST` with a key (when keys
 are configured) has its body read and counted in the body budget. Every other
 request, refused or answered locally (none of those answers needs a body), is
 answered from its head, its body never read (the connection closes after the
-answer when it has one). The admin port answers every request so, so neither a
-client without a key nor the admin port can take what keyed requests need.
+answer when it has one). The admin port answers every request from its head:
+neither a client without a key nor the admin port can take what keyed
+requests need.
 
 The proxy keeps, per engine, the exchanges still waiting for its first byte;
 when the fleet says an engine left rotation or the fleet, those fail over at

@@ -276,7 +276,7 @@ class ParsePool:
             self._idle.append(worker)
 
     def _wake(self, worker: Worker | None) -> bool:
-        """Hand `worker` (None: a failed start) to the first request still waiting."""
+        """Hand `worker` (None: a failed start) to the waiting request whose turn it is."""
         while (waiter := self._waiters.pop()) is not None:
             if not waiter.done():
                 waiter.set_result(worker)
