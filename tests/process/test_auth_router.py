@@ -364,6 +364,61 @@ async def test_the_simulated_engine_requires_its_key_on_v1_only_as_vllm_does() -
         assert engine.stats()["unauthorized"] == 6 and engine.stats()["served"] == 1
 
 
+# -- the body budget -------------------------------------------------------------------------
+
+HUGE = 32 * 1024 * 1024
+"""The largest body a client may declare: 16 of them are the whole default body budget."""
+
+
+async def taken_in_heads(
+    running: Running, *, admin: bool, count: int = 16
+) -> tuple[list[bytes], list[asyncio.StreamWriter]]:
+    """Open `count` connections that each send a request head declaring a `HUGE` body and
+    never send it; once the router has taken in every head (answered `100 Continue`, or
+    refused it), the first line each got back, and the connections."""
+    url = running.admin_url if admin else running.url
+    port = int(url.rpartition(":")[2])
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json"
+        b"\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n" % HUGE
+    )
+    lines, writers = [], []
+    for _ in range(count):
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writers.append(writer)
+        writer.write(head)
+        lines.append(await asyncio.wait_for(reader.readline(), 10))
+    return lines, writers
+
+
+@pytest.mark.parametrize(
+    ("keys", "admin", "answered"),
+    [
+        pytest.param(CLIENT_KEY, False, b"HTTP/1.1 401", id="keyless-heads-on-the-data-port"),
+        pytest.param(CLIENT_KEY, True, b"HTTP/1.1 404", id="heads-on-the-admin-port"),
+        pytest.param(None, False, b"HTTP/1.1 100", id="heads-without-keys-configured"),
+    ],
+)
+async def test_heads_declaring_huge_bodies_never_sent_do_not_refuse_a_keyed_chat(
+    tmp_path: Path, keys: str | None, admin: bool, answered: bytes
+) -> None:
+    """Heads alone (with no key, on the admin port, or with no keys configured) hold none of
+    the body budget: a keyed chat after 16 of them is served, not 503 `overloaded`."""
+    async with (
+        running_engine(EngineSimConfig(model=MODEL)) as engine,
+        router_before([engine.url], tmp_path, client_keys=keys, admin=admin) as running,
+    ):
+        await routable(running)
+        lines, writers = await taken_in_heads(running, admin=admin)
+        try:
+            assert await running.chat(CLIENT_KEY) == 200
+            assert all(line.startswith(answered) for line in lines), lines
+            assert running.router.proxy.connections.bodies.held == 0
+        finally:
+            for writer in writers:
+                writer.close()
+
+
 # -- the admin port --------------------------------------------------------------------------
 
 ADMIN_PATHS = ("/engines", "/metrics", "/livez", "/readyz", "/readyz/synced", "/health")

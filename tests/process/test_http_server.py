@@ -28,9 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headcount._http.connections import ConnectionRegistry
+from headcount._http.handler import HeadScreen
 from headcount._http.server import HttpServerProtocol, ServerLimits
 from tests.support import wait_until
-from tests.support.http_server import LIMITS, EchoApp, RecordingTransport
+from tests.support.http_server import LIMITS, EchoApp, RecordingTransport, refusing
 
 TIMEOUT = 5.0
 
@@ -51,15 +52,17 @@ async def start(
     limits: ServerLimits = LIMITS,
     registry: ConnectionRegistry | None = None,
     send_buffer: int | None = None,
+    screen: HeadScreen | None = None,
 ) -> Server:
-    """A server on 127.0.0.1; `send_buffer` shrinks each connection's kernel send buffer."""
+    """A server on 127.0.0.1; `send_buffer` shrinks each connection's kernel send buffer,
+    `screen` sees each head before its body is read."""
     loop = asyncio.get_running_loop()
     app = EchoApp()
     registry = registry if registry is not None else ConnectionRegistry()
     protocols: list[weakref.ref[HttpServerProtocol]] = []
 
     def factory() -> HttpServerProtocol:
-        protocol = SmallSendBuffer(app, limits, registry, loop)
+        protocol = SmallSendBuffer(app, limits, registry, loop, screen=screen)
         protocol.send_buffer = send_buffer
         protocols.append(weakref.ref(protocol))
         return protocol
@@ -156,6 +159,16 @@ async def test_keep_alive_serves_several_requests_on_one_connection(server: Serv
         assert response.json()["query"] == f"q={n}"
         assert "connection" not in response.headers
     writer.close()
+
+
+async def test_a_request_knows_the_address_its_connection_comes_from(server: Server) -> None:
+    for address in ("127.0.0.1", "127.0.0.2"):
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", server.port, local_addr=(address, 0)), TIMEOUT
+        )
+        writer.write(get("/echo"))
+        assert (await read_response(reader)).json()["client"] == address
+        writer.close()
 
 
 async def test_client_sockets_have_nodelay(server: Server) -> None:
@@ -292,6 +305,81 @@ async def test_unknown_expectation_gets_417(server: Server) -> None:
     writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\nExpect: magic\r\n\r\nx")
     assert (await read_response(reader)).status == 417
     writer.close()
+
+
+# -- requests answered from their head ------------------------------------------------------
+
+
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"Content-Length: %d\r\n" % (len(SMUGGLED) + 500), b"Transfer-Encoding: chunked\r\n"],
+    ids=["content-length", "chunked"],
+)
+async def test_a_request_answered_from_its_head_holds_none_of_its_body_and_never_parses_it(
+    framing: bytes,
+) -> None:
+    registry = ConnectionRegistry(body_budget=1500)
+    running = await start(registry=registry, screen=refusing)
+    try:
+        reader, writer = await running.connect()
+        head = b"POST /refused HTTP/1.1\r\nHost: t\r\n%s\r\n" % framing
+        writer.write(head + SMUGGLED + b"x" * 500)  # the body reads as a request of its own
+        response = await read_response(reader)
+        assert (response.status, response.headers["connection"]) == (401, "close")
+        assert await closed_by_server(reader)  # and nothing for `/smuggled`
+        assert running.app.dispatched == 0
+        assert registry.bodies.held == 0
+        writer.close()
+    finally:
+        running.server.close()
+
+
+async def test_a_request_answered_from_its_head_gets_no_100_continue_and_no_413() -> None:
+    running = await start(screen=refusing)
+    try:
+        reader, writer = await running.connect()
+        writer.write(
+            b"POST /refused HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        assert (await read_response(reader)).status == 401
+        assert await closed_by_server(reader)
+        writer.close()
+    finally:
+        running.server.close()
+
+
+async def test_a_request_with_no_body_answered_from_its_head_keeps_the_connection() -> None:
+    running = await start(screen=refusing)
+    try:
+        reader, writer = await running.connect()
+        writer.write(get("/refused") + post("/echo", b"kept") + get("/refused"))
+        statuses = [(await read_response(reader)).status for _ in range(3)]
+        assert statuses == [401, 200, 401]
+        writer.write(get("/echo"))
+        assert (await read_response(reader)).json()["path"] == "/echo"
+        writer.close()
+    finally:
+        running.server.close()
+
+
+async def test_requests_before_one_answered_from_its_head_are_answered_in_order() -> None:
+    running = await start(screen=refusing)
+    try:
+        reader, writer = await running.connect()
+        refused = b"POST /refused HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\n"
+        writer.write(post("/slow", b"first") + refused + b"123456789" + get("/never"))
+        first = await read_response(reader)
+        assert (first.status, first.json()["body"]) == (200, "first")
+        assert (await read_response(reader)).status == 401
+        assert await closed_by_server(reader)
+        assert running.app.dispatched == 1
+        writer.close()
+    finally:
+        running.server.close()
 
 
 # -- limits and malformed input -------------------------------------------------------------
@@ -658,7 +746,7 @@ async def test_an_upload_dropped_midway_is_freed_at_once_without_the_cyclic_gc()
         _reader, writer = await running.connect()
         writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n")
         writer.write(b"x" * 300_000)
-        await wait_for(lambda: running.registry.bodies.held == 1_000_000)
+        await wait_for(lambda: running.registry.bodies.held == 300_000)  # what arrived
         protocol = running.protocols[0]
         writer.transport.abort()  # the client goes away mid-upload
         await wait_for(lambda: protocol() is None)  # freed by reference counting alone
@@ -675,11 +763,12 @@ async def test_a_body_over_the_shared_budget_gets_503_overloaded_and_the_budget_
     running = await start(registry=registry)
     try:
         holders = []
-        for _ in range(2):  # 2 x 1000 bytes announced, none sent yet: held from the head on
+        for _ in range(2):  # 2 x 1000 bytes announced, 999 of each sent: held as they arrive
             reader, writer = await running.connect()
             writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+            writer.write(b"h" * 999)
             holders.append((reader, writer))
-        await wait_for(lambda: registry.bodies.held == 2000)
+        await wait_for(lambda: registry.bodies.held == 1998)
         reader, writer = await running.connect()
         writer.write(post("/echo", b"y" * 600))
         response = await read_response(reader)
@@ -705,7 +794,8 @@ async def test_a_chunked_body_that_outgrows_the_budget_gets_503_while_reading() 
     try:
         _holder_reader, holder = await running.connect()
         holder.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
-        await wait_for(lambda: registry.bodies.held == 1000)
+        holder.write(b"h" * 999)
+        await wait_for(lambda: registry.bodies.held == 999)
         reader, writer = await running.connect()
         writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
         writer.write(b"190\r\n" + b"z" * 400 + b"\r\n")  # 400: fits
@@ -714,6 +804,27 @@ async def test_a_chunked_body_that_outgrows_the_budget_gets_503_while_reading() 
         assert (response.status, response.json()["error"]["code"]) == (503, "overloaded")
         holder.close()
         writer.close()
+        await wait_for(lambda: registry.bodies.held == 0)
+    finally:
+        running.server.close()
+
+
+async def test_a_declared_body_holds_of_the_budget_only_the_bytes_that_arrived() -> None:
+    registry = ConnectionRegistry(body_budget=1500)
+    running = await start(registry=registry)
+    try:
+        _, holder = await running.connect()  # declares 1000, sends 300, then nothing
+        holder.write(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+        holder.write(b"a" * 300)
+        await wait_for(lambda: registry.bodies.held >= 300)
+        assert registry.bodies.held == 300
+        reader, writer = await running.connect()  # 300 + 1000 fit in 1500: served
+        writer.write(post("/echo", b"b" * 1000))
+        assert (await read_response(reader)).json()["body"] == "b" * 1000
+        assert registry.bodies.held == 300
+        holder.write(b"a" * 700)  # the rest arrives: held whole until its answer
+        writer.close()
+        holder.close()
         await wait_for(lambda: registry.bodies.held == 0)
     finally:
         running.server.close()

@@ -1,8 +1,9 @@
 """A client connection driven by hand: limits, an app that echoes, a transport that records.
 
 `EchoApp` answers with what it received, or as its path says (`/slow`, `/stream`,
-`/nodelay`, `/hang`, `/big`, `/flood`); `RecordingTransport` lets a test feed a
-connection reads it chose and see what it wrote, with no socket.
+`/nodelay`, `/hang`, `/big`, `/flood`); `refusing` is a head screen that answers
+`/refused` from the head; `RecordingTransport` lets a test feed a connection reads
+it chose and see what it wrote, with no socket.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import json
 import socket
 from typing import Any
 
-from headcount._http.handler import Request, Responder
+from headcount._http.handler import Request, RequestHandler, Responder
 from headcount._http.server import ServerLimits
 
-__all__ = ["LIMITS", "EchoApp", "Flood", "Lost", "RecordingTransport"]
+__all__ = ["LIMITS", "EchoApp", "Flood", "Lost", "RecordingTransport", "refusing"]
 
 LIMITS = ServerLimits(
     max_header_size=4096, max_body_size=1000, keepalive_timeout=5.0, max_pipeline=16
@@ -99,8 +100,18 @@ class EchoApp:
             "query": request.query.decode(),
             "headers": {name.decode(): value.decode() for name, value in request.headers},
             "body": request.body.decode(),
+            "client": request.client,
         }
         responder.respond(200, b"content-type: application/json\r\n", json.dumps(document).encode())
+
+
+def _refuse(request: Request, responder: Responder) -> None:
+    responder.respond(401, b"content-type: text/plain\r\n", b"refused from the head")
+
+
+def refusing(request: Request) -> RequestHandler | None:
+    """A `HeadScreen`: requests for `/refused` are answered 401 from their head alone."""
+    return _refuse if request.path == b"/refused" else None
 
 
 class RecordingTransport(asyncio.Transport):

@@ -2,11 +2,13 @@
 
 Each request body is bounded by `max_body_size`, but a thousand clients each
 uploading one would still hold a thousand of them. Every connection takes
-from one shared `BodyBudget` before it holds body bytes (the whole
-Content-Length up front, or a chunked body 64 KiB at a time) and gives them back when
-the request's exchange ends or the connection does; a request that does not
-fit is answered 503 (`overloaded`) instead of growing the router, in the
-spirit of Envoy's overload manager.
+from one shared `BodyBudget` as body bytes arrive (what arrived, never what a
+Content-Length declares; a chunked body 64 KiB at a time) and gives them back
+when the request's exchange ends or the connection does; a request that does
+not fit is answered 503 (`overloaded`) instead of growing the router, in the
+spirit of Envoy's overload manager. Only a request whose head passed the
+server's screen (`handler.HeadScreen`: the key, the route) has its body read,
+so a client without a key takes none of it.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 The server hands each whole `Request` to a `RequestHandler` with a `Responder`
 (the client connection's answering face). A handler that answers later
 `attach`es an `ExchangeListener` to hear that its client paused, resumed or left.
+
+A server may be given a `HeadScreen` too: it sees each request once its head is
+whole, before any of its body is read or counted against the body budget, and
+says which requests are answered from their head alone (no key, a path that
+takes no body): their body is never read or held.
 """
 
 from __future__ import annotations
@@ -10,14 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["ExchangeListener", "Request", "RequestHandler", "Responder"]
+__all__ = ["ExchangeListener", "HeadScreen", "Request", "RequestHandler", "Responder"]
 
 
 class Request:
-    """One whole request as the client sent it; header names lowercased, values as sent."""
+    """One request as the client sent it; header names lowercased, values as sent.
+
+    Made when its head is whole; `body` is set once the body is (a request answered from
+    its head alone keeps an empty one)."""
 
     __slots__ = (
         "body",
+        "client",
         "headers",
         "http11",
         "is_head",
@@ -36,7 +45,9 @@ class Request:
         body: bytes,
         http11: bool,
         keep_alive: bool,
+        client: str = "",
     ) -> None:
+        """`client`: the address the connection comes from (its host; "" if unknown)."""
         self.method = method
         self.target = target
         path, _, query = target.partition(b"?")
@@ -46,6 +57,7 @@ class Request:
         self.body = body
         self.http11 = http11
         self.keep_alive = keep_alive
+        self.client = client
         self.is_head = method == b"HEAD"
 
 
@@ -94,3 +106,10 @@ class Responder(Protocol):
 
 RequestHandler = Callable[[Request, Responder], None]
 """Called once per request; answers through the responder now or after `attach`."""
+
+HeadScreen = Callable[[Request], RequestHandler | None]
+"""Called once per request when its head is whole (its `body` still empty): None when the
+body is wanted, so the connection's handler gets the request once it is whole; else the
+handler that answers it from its head alone. The body of such a request is never read or
+held: when it has one, the answer says `connection: close` and the connection closes
+after it (what follows the head is never parsed as a request)."""

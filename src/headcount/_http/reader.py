@@ -4,8 +4,10 @@ The reading half of `server.HttpServerProtocol`, which subclasses `RequestReader
 one object, so that every parser callback reaches the connection's state directly
 (the callbacks run several times per request). This half parses with httptools,
 enforces what a client may send (the head, the body, the time each may take from
-the read that began it), and queues each whole request, or the answer that refuses
-it, for the answering half to dispatch in order; it hears from that half only
+the read that began it), shows each head to the connection's `HeadScreen` before
+reading its body (a request the screen answers is queued from its head, and what
+follows it is never read), and queues each whole request, or the answer that
+refuses it, for the answering half to dispatch in order; it hears from that half only
 whether an exchange is in progress (`_request`), and asks it to dispatch and to
 set a deadline (`_dispatch_pending`, `_arm`).
 
@@ -15,10 +17,10 @@ a fresh one per request. The head is counted as `head.py` counts any head.
 
 Memory: a body is held as few objects (`body.py`: its first piece as it came,
 then pieces of up to 1 MiB), never one per chunk, and counted against the
-budget from arrival (a chunked one in 64 KiB steps) until its exchange ends. A
-connection that ends releases everything at once: its budget, its buffers, and
-the protocol <-> parser reference cycle, so a dropped upload is freed without
-waiting for the cyclic garbage collector.
+budget as it arrives (never as declared; a chunked one in 64 KiB steps) until
+its exchange ends. A connection that ends releases everything at once: its
+budget, its buffers, and the protocol <-> parser reference cycle, so a dropped
+upload is freed without waiting for the cyclic garbage collector.
 
 The loop: a read over 16 KiB is parsed a slice per loop iteration (reading
 paused meanwhile), so no read costs more than one slice's parsing, and a body
@@ -44,7 +46,7 @@ import httptools
 from headcount._http import answers
 from headcount._http.body import JOIN_OFF_LOOP, BodyPieces
 from headcount._http.connections import ConnectionRegistry
-from headcount._http.handler import Request
+from headcount._http.handler import HeadScreen, Request, RequestHandler
 from headcount._http.head import Head, HeadReader
 from headcount._http.phase import (
     BODY,
@@ -57,7 +59,7 @@ from headcount._http.phase import (
     STOPPED,
 )
 
-__all__ = ["Joining", "RequestReader", "ServerLimits"]
+__all__ = ["Early", "Joining", "RequestReader", "ServerLimits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +122,14 @@ class _Message(Head):
     """
 
     __slots__ = (
+        "answer",
         "body",
         "body_size",
         "chunks",
         "expect",
         "hosts",
         "http11",
-        "keep_alive",
-        "method",
+        "request",
         "reserved",
         "url",
     )
@@ -138,9 +140,11 @@ class _Message(Head):
         self.size = 0
         self.raw = 0
         self.url = b""
-        self.method = b""
         self.http11 = True
-        self.keep_alive = True
+        self.request: Request | None = None
+        """Made when the head is whole."""
+        self.answer: RequestHandler | None = None
+        """What answers the request from its head alone (the screen's say), if anything."""
         self.hosts = 0
         """Host headers seen: HTTP/1.1 needs exactly one, HTTP/1.0 at most one."""
         self.expect: bytes | None = None
@@ -150,8 +154,18 @@ class _Message(Head):
         self.body_size = 0
         self.chunks = 0
         self.reserved = 0
-        """What the body holds of the body budget (its Content-Length, or steps of a
+        """What the body holds of the body budget: what arrived of it (in steps, for a
         chunked one)."""
+
+
+class Early:
+    """A request answered from its head alone, by `handler` (the screen's say)."""
+
+    __slots__ = ("handler", "request")
+
+    def __init__(self, request: Request, handler: RequestHandler) -> None:
+        self.request = request
+        self.handler = handler
 
 
 class Joining:
@@ -169,6 +183,7 @@ class RequestReader(HeadReader[_Message]):
 
     __slots__ = (
         "_backlog",
+        "_client",
         "_continue",
         "_discarded",
         "_feed_max",
@@ -186,6 +201,7 @@ class RequestReader(HeadReader[_Message]):
         "_registry",
         "_reject",
         "_request",
+        "_screen",
         "_transport",
     )
 
@@ -195,16 +211,20 @@ class RequestReader(HeadReader[_Message]):
         registry: ConnectionRegistry,
         loop: asyncio.AbstractEventLoop,
         on_rejected: Callable[[int], None] | None,
+        screen: HeadScreen | None,
     ) -> None:
         super().__init__(_Message(), limits.max_header_size, _NOTED)
         self._limits = limits
         self._registry = registry
         self._loop = loop
         self._on_rejected = on_rejected
+        self._screen = screen
         self._parser = httptools.HttpRequestParser(self)
         self._phase = IDLE
         self._transport: asyncio.Transport | None = None
-        self._queue: deque[Request | Joining | bytes] = deque()
+        self._client = ""
+        """The peer's address (`Request.client`), set when the connection is made."""
+        self._queue: deque[Request | Early | Joining | bytes] = deque()
         """What is read and not yet dispatched, in order: requests, and the answer that
         ends the connection (`_CLOSE_AFTER` when there is nothing to say)."""
         self._request: Request | None = None
@@ -305,7 +325,8 @@ class RequestReader(HeadReader[_Message]):
             # The bytes after an upgrade request are not HTTP/1.1: answer it, then close.
             self._stop(_CLOSE_AFTER)
         except httptools.HttpParserError:
-            self._stop(self._reject or answers.BAD_REQUEST)
+            reject = self._reject
+            self._stop(answers.BAD_REQUEST if reject is None else reject)
         else:
             if self._phase is HEAD or self._phase is BODY:
                 self._partial(data, self._message is not message or self._phase is not phase)
@@ -353,7 +374,6 @@ class RequestReader(HeadReader[_Message]):
         self._phase = HEADERS_COMPLETE[self._phase]
         message = self._message
         parser = self._parser
-        message.method = parser.get_method()
         version = parser.get_http_version()
         if version == "1.1":
             message.http11 = True
@@ -365,15 +385,23 @@ class RequestReader(HeadReader[_Message]):
             self._fail(answers.BAD_VERSION)  # HTTP/0.9: a request line without a version
         if message.hosts != 1 and (message.hosts or message.http11):
             self._fail(answers.BAD_HOST)
-        message.keep_alive = parser.should_keep_alive()
+        request = Request(
+            parser.get_method(),
+            message.url,
+            message.headers,
+            b"",
+            message.http11,
+            parser.should_keep_alive(),
+            self._client,
+        )
+        message.request = request
         length = message.content_length
-        if length:
-            if length > self._limits.max_body_size:
-                self._fail(answers.BODY_TOO_LARGE)
-            if not self._registry.bodies.take(length):
-                self._fail(answers.OVERLOADED)
-            self._held += length
-            message.reserved = length
+        if self._screen is not None:
+            answer = self._screen(request)
+            if answer is not None:
+                self._answer_from_head(request, answer)
+        if length and length > self._limits.max_body_size:
+            self._fail(answers.BODY_TOO_LARGE)
         if message.expect is not None and message.http11:
             if message.expect.lower() != b"100-continue":
                 self._fail(answers.EXPECTATION_FAILED)
@@ -381,6 +409,21 @@ class RequestReader(HeadReader[_Message]):
             if self._request is None and not self._queue and self._transport is not None:
                 self._transport.write(answers.CONTINUE)
                 self._continue = False
+
+    def _answer_from_head(self, request: Request, answer: RequestHandler) -> None:
+        """The screen answers `request` from its head: a request with no body is queued
+        as any other once whole; one with a body now, with `connection: close`, and the
+        connection reads no further (its body is never read, held, or parsed)."""
+        message = self._message
+        length = message.content_length
+        if length == 0 or (
+            length is None and all(name != b"transfer-encoding" for name, _ in message.headers)
+        ):
+            message.answer = answer
+            return
+        request.keep_alive = False
+        self._queue.append(Early(request, answer))
+        self._fail(_CLOSE_AFTER)
 
     def on_body(self, body: bytes) -> None:
         message = self._message
@@ -405,13 +448,17 @@ class RequestReader(HeadReader[_Message]):
         self._message.chunks += 1
 
     def _reserve(self, total: int) -> None:
-        """A chunked body outgrew what it holds of the budget: take more, in steps, so
-        that a body sent in tiny chunks does not cost a reservation per chunk."""
+        """The body outgrew what it holds of the budget: take what arrived, never what was
+        declared (a Content-Length that never arrives holds nothing). A chunked body takes
+        steps, so that one sent in tiny chunks does not cost a reservation per chunk."""
         message = self._message
-        limit = self._limits.max_body_size
-        if total > limit:
-            self._fail(answers.BODY_TOO_LARGE)
-        step = min(max(total - message.reserved, _RESERVE_STEP), limit - message.reserved)
+        if message.content_length is not None:
+            step = total - message.reserved
+        else:
+            limit = self._limits.max_body_size
+            if total > limit:
+                self._fail(answers.BODY_TOO_LARGE)
+            step = min(max(total - message.reserved, _RESERVE_STEP), limit - message.reserved)
         if not self._registry.bodies.take(step):
             self._fail(answers.OVERLOADED)
         self._held += step
@@ -428,26 +475,24 @@ class RequestReader(HeadReader[_Message]):
         if unused:  # the last step of a chunked body's reservation
             self._registry.bodies.give(unused)
             self._held -= unused
-        request = Request(
-            message.method,
-            message.url,
-            message.headers,
-            message.body,
-            message.http11,
-            message.keep_alive,
-        )
-        message.body = b""
-        self._continue = False
-        pieces = self._pieces
-        if not pieces.count:
+        request = message.request
+        assert request is not None  # made when the head was whole
+        if message.answer is not None:  # no body: nothing to join
+            queue.append(Early(request, message.answer))
+            message.answer = None
+        elif not self._pieces.count:
+            request.body = message.body
             queue.append(request)
         elif message.body_size < JOIN_OFF_LOOP:
-            request.body = b"".join(pieces.take())
+            request.body = b"".join(self._pieces.take())
             queue.append(request)
         else:  # a large copy: in a thread, dispatched in its turn once joined
-            joined = self._loop.run_in_executor(None, b"".join, pieces.take())
+            joined = self._loop.run_in_executor(None, b"".join, self._pieces.take())
             joined.add_done_callback(self._joined)
             queue.append(Joining(request, joined))
+        message.body = b""
+        message.request = None
+        self._continue = False
         if len(queue) >= self._limits.max_pipeline and not self._read_paused:
             self._read_paused = True
             if self._transport is not None:

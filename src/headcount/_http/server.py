@@ -27,9 +27,13 @@ closes. What a client gets from this layer alone:
   `Host` (RFC 9112 §3.2) and for a request line without a version (HTTP/0.9);
   505 for `HTTP/2.0`; 431 for a header block over `max_header_size`; 413 for a
   body over `max_body_size` (from Content-Length before reading, or while
-  reading chunks); 503 `overloaded` when the body does not fit in the server's
-  shared `BodyBudget`, and 503 `too_many_connections` to a connection over the
-  registry's limit; all in the OpenAI shape, then the connection closes;
+  reading chunks); 503 `overloaded` when the bytes arriving do not fit in the
+  server's shared `BodyBudget`, and 503 `too_many_connections` to a connection
+  over the registry's limit; all in the OpenAI shape, then the connection closes;
+- a request its `HeadScreen` answers from its head (no key, a path that takes
+  no body) is dispatched to the handler the screen named; its body is never
+  read nor held, so if it has one the answer says `connection: close` and the
+  connection lingers and closes (no `100 Continue`, no 413 first);
 - HEAD answered without a body; TCP_NODELAY on every connection (without it a
   stream on a reused connection waits out Nagle plus delayed ACK for its first
   chunk).
@@ -40,6 +44,9 @@ further pipelined request is dispatched until the client reads
 (`resume_writing`): a client that never reads cannot make the router produce
 answers it will not take. A client that goes away mid-exchange (EOF or reset)
 is reported once, through `ExchangeListener.client_lost`.
+
+Over 450 lines on purpose: what the answering half tracks (the exchange, flow
+control each way, shutdown, the one deadline) moves together, and reads in one place.
 """
 
 from __future__ import annotations
@@ -53,9 +60,9 @@ from typing import cast
 
 from headcount._http import answers
 from headcount._http.connections import ConnectionRegistry
-from headcount._http.handler import ExchangeListener, Request, RequestHandler
+from headcount._http.handler import ExchangeListener, HeadScreen, Request, RequestHandler
 from headcount._http.phase import BODY, CONNECTION_LOST, HEAD, STOP, STOPPED
-from headcount._http.reader import Joining, RequestReader, ServerLimits
+from headcount._http.reader import Early, Joining, RequestReader, ServerLimits
 from headcount._http.wire import CHUNKED_END, INTERNAL_ERROR_BODY, JSON_HEADER, REASONS
 
 __all__ = ["HttpServerProtocol", "ServerLimits"]
@@ -111,9 +118,11 @@ class HttpServerProtocol(RequestReader):
         registry: ConnectionRegistry,
         loop: asyncio.AbstractEventLoop,
         on_rejected: Callable[[int], None] | None = None,
+        screen: HeadScreen | None = None,
     ) -> None:
-        """`on_rejected(status)` hears of each request this layer answers itself (400, 413...)."""
-        super().__init__(limits, registry, loop, on_rejected)
+        """`on_rejected(status)` hears of each request this layer answers itself (400, 413...);
+        `screen` sees each head before its body is read (None: every body is read)."""
+        super().__init__(limits, registry, loop, on_rejected, screen)
         self._handler = handler
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -133,6 +142,9 @@ class HttpServerProtocol(RequestReader):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self._client = str(peer[0])
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with suppress(OSError):
@@ -288,10 +300,11 @@ class HttpServerProtocol(RequestReader):
                     self._loop.call_soon(self._dispatch_pending)
                     break
                 item = queue.popleft()
-                if isinstance(item, bytes):
-                    self._linger(transport, item)
-                    return
-                if isinstance(item, Joining):
+                if isinstance(item, Request):
+                    self._dispatch(item, self._handler)
+                elif isinstance(item, Early):
+                    self._dispatch(item.request, item.handler)
+                elif isinstance(item, Joining):
                     joined = item.joined
                     if not joined.done():
                         queue.appendleft(item)
@@ -302,8 +315,10 @@ class HttpServerProtocol(RequestReader):
                         self._linger(transport, answers.OVERLOADED)
                         return
                     item.request.body = joined.result()
-                    item = item.request
-                self._dispatch(item)
+                    self._dispatch(item.request, self._handler)
+                else:
+                    self._linger(transport, item)
+                    return
                 dispatched += 1
         finally:
             self._dispatching = False
@@ -320,7 +335,7 @@ class HttpServerProtocol(RequestReader):
             self._continue = False
             transport.write(answers.CONTINUE)
 
-    def _dispatch(self, request: Request) -> None:
+    def _dispatch(self, request: Request, handler: RequestHandler) -> None:
         self._request = request
         self._listener = None
         self._started = False
@@ -328,7 +343,7 @@ class HttpServerProtocol(RequestReader):
         self._no_body = request.is_head
         self._registry.active += 1
         try:
-            self._handler(request, self)
+            handler(request, self)
         except Exception:
             _log.exception("request handler failed")
             if self._request is None:
@@ -344,7 +359,11 @@ class HttpServerProtocol(RequestReader):
         if transport is None:
             return
         if close or self._draining:
-            self._close(transport)
+            if self._phase is STOPPED:  # what the client sent next is unread: linger
+                self._queue.clear()
+                self._linger(transport, b"")
+            else:
+                self._close(transport)
             return
         # The next request (or the one partly here) gets a fresh deadline.
         limits = self._limits

@@ -110,7 +110,9 @@ class Admission:
 
     async def _read_large(self, request: Request) -> Admitted | Refused:
         policy = self._policy
-        read = await self._parser.read(request.body, policy.key_source, request.headers)
+        read = await self._parser.read(
+            request.body, policy.key_source, request.headers, request.client
+        )
         return _route(read, self._fleet.snapshot, policy, self._kv)
 
 

@@ -26,6 +26,15 @@ endpoints (`/livez`, `/readyz`, `/health`: kubelet probes carry no key) needs
 a `LocalHandler`, with no key; it stays open through the drain, so probes and
 scrapes are answered until the process ends.
 
+The key and the route are judged from the request's head (`Proxy.screen`),
+before any of its body is read: only a proxied `POST` with a key (when keys
+are configured) has its body read and counted in the body budget. Every other
+request, refused or answered locally (none of those answers needs a body), is
+answered from its head, its body never read (the connection closes after the
+answer when it has one). The admin port answers every request from its head:
+neither a client without a key nor the admin port can take what keyed
+requests need.
+
 The proxy keeps, per engine, the exchanges still waiting for its first byte;
 when the fleet says an engine left rotation or the fleet, those fail over at
 once (`Exchange.engine_left`) instead of waiting out `--read-timeout`.
@@ -54,7 +63,7 @@ from collections.abc import Awaitable
 
 from headcount._http.acceptor import ClientListener, listen
 from headcount._http.connections import ConnectionRegistry
-from headcount._http.handler import Request, Responder
+from headcount._http.handler import Request, RequestHandler, Responder
 from headcount._http.local import LocalHandler, TaskExchange, serve_local
 from headcount._http.pool import Dial, PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
@@ -212,18 +221,28 @@ class Proxy:
         """A protocol for one client connection (the factory `start_server` uses)."""
         self._loop = loop
         return HttpServerProtocol(
-            self.handle, self.limits, self._connections, loop, self.metrics.rejected
+            self._forward,
+            self.limits,
+            self._connections,
+            loop,
+            self.metrics.rejected,
+            self.screen,
         )
 
     def local_protocol(
         self, loop: asyncio.AbstractEventLoop, local: LocalHandler
     ) -> HttpServerProtocol:
-        """A protocol for one connection of a listener that only `local` answers, with no key."""
+        """A protocol for one connection of a listener that only `local` answers, with no key.
+        None of its answers needs a body, so every request is answered from its head: no
+        request there reads or holds a body."""
 
         def handle(request: Request, responder: Responder) -> None:
             serve_local(local, request, responder, self._spawn, self._request_id(request))
 
-        return HttpServerProtocol(handle, self.limits, self._local_connections, loop)
+        def screen(_request: Request) -> RequestHandler:
+            return handle
+
+        return HttpServerProtocol(handle, self.limits, self._local_connections, loop, screen=screen)
 
     def _attach_server(self, server: ClientListener) -> None:
         self._servers.append(server)
@@ -258,27 +277,28 @@ class Proxy:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def handle(self, request: Request, responder: Responder) -> None:
-        """The server's `RequestHandler`: proxy inference requests, hand the rest to `local`;
-        with client keys, only requests bearing one (or for a health endpoint)."""
+    def screen(self, request: Request) -> RequestHandler | None:
+        """The data port's `HeadScreen`, the one place a key is checked: with client keys,
+        only requests bearing one (or for a health endpoint) are served. Only a proxied
+        `POST` has its body read (then `_forward` gets it whole); every other request is
+        answered from its head, so that none holds any of the body budget."""
         keys = self._credentials.client_keys
         path = request.path
         if path in _PROXIED:
             if keys is not None and not keys.admits(request.headers):
-                self._unauthorized(request, responder)
-            elif request.method == b"POST":
-                self._forward(request, responder)
-            else:
-                self._wrong_method(request, responder)
-        elif (
+                return self._unauthorized
+            return None if request.method == b"POST" else self._wrong_method
+        if (
             keys is None
             or path in _OPEN_PATHS
             or path.startswith(_OPEN_PREFIXES)
             or keys.admits(request.headers)
         ):
-            serve_local(self._local, request, responder, self._spawn, self._request_id(request))
-        else:
-            self._unauthorized(request, responder)
+            return self._serve_local
+        return self._unauthorized
+
+    def _serve_local(self, request: Request, responder: Responder) -> None:
+        serve_local(self._local, request, responder, self._spawn, self._request_id(request))
 
     def _forward(self, request: Request, responder: Responder) -> None:
         loop = self._loop or asyncio.get_running_loop()

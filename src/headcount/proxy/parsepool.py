@@ -11,6 +11,12 @@ is replaced on the next request, and the request it was reading gets
 `UNAVAILABLE` (503). A request whose client leaves stops waiting at once; its
 worker finishes the parse and takes the next body.
 
+Bodies waiting for a worker queue per client (the address their connection
+comes from), and clients take turns (`fairqueue.py`): a client that sends many
+huge bodies cannot make another's small one wait behind all of them, only
+behind one. A client with `per_client` bodies waiting, or a pool with `queued`
+in all, gets `UNAVAILABLE` (503 `overloaded`) for one more at once.
+
 A key source a worker cannot import by name (a lambda, say) is run on the loop
 instead, with a warning once: correct, only not protected.
 """
@@ -23,16 +29,16 @@ import fcntl
 import logging
 import sys
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from headcount.proxy import payload
+from headcount.proxy.fairqueue import FairQueue
 from headcount.proxy.payload import UNAVAILABLE, Outcome
 from headcount.routing import KeySource
 
-__all__ = ["ParsePool"]
+__all__ = ["ParsePool", "StartWorker", "Worker"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,6 +58,31 @@ _ROOT = str(Path(payload.__file__).resolve().parents[2])
 _PIPE_SIZE = 1024 * 1024
 """Pipe buffer asked for (Linux allows an unprivileged process 1 MiB): fewer loop wakeups."""
 _LOG_EVERY = 60.0
+_QUEUED_PER_WORKER = 64
+"""Bodies that may wait in all, per worker: a normal 100 KiB body is read in about a
+millisecond, so a full queue is well under a second's work; a queue of hostile bodies
+that each take seconds is refused instead of making every client wait minutes."""
+_CLIENT_QUEUED_PER_WORKER = 16
+"""Bodies one client may have waiting, per worker: room for a gateway's bursts, while no
+client fills the queue for all."""
+
+
+class Worker(Protocol):
+    """What the pool needs of a worker: one body read at a time."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def ask(self, head: bytes, meta: bytes, body: bytes) -> Outcome:
+        """The outcome of one body (`payload.encode_request`'s framing); raises when the
+        worker dies (OSError, EOFError, ValueError, `IncompleteReadError`)."""
+        ...
+
+    def kill(self) -> None: ...
+
+
+StartWorker = Callable[[int], Awaitable[Worker]]
+"""Starts a worker whose parse may add at most that many bytes of address space (0: any)."""
 
 
 class _Worker:
@@ -106,31 +137,56 @@ class _Worker:
 class ParsePool:
     """Reads request bodies in at most `workers` child processes; see the module docstring."""
 
-    def __init__(self, workers: int, memory_limit: int) -> None:
-        """`memory_limit`: bytes of address space a worker's parse may add (0: unbounded)."""
+    def __init__(
+        self,
+        workers: int,
+        memory_limit: int,
+        *,
+        start: StartWorker = _Worker.start,
+        per_client: int | None = None,
+        queued: int | None = None,
+    ) -> None:
+        """`memory_limit`: bytes of address space a worker's parse may add (0: unbounded);
+        `start`: how a worker is started (a child process; tests inject others);
+        `per_client`, `queued`: bodies that may wait for a worker, of one client and in all
+        (None: a number per worker, `_CLIENT_QUEUED_PER_WORKER`, `_QUEUED_PER_WORKER`)."""
         self._max = workers
         self._memory_limit = memory_limit
-        self._idle: list[_Worker] = []
+        self._start_worker = start
+        self._idle: list[Worker] = []
         self._count = 0
         """Workers running or starting."""
-        self._waiters: deque[asyncio.Future[_Worker | None]] = deque()
+        self._waiters: FairQueue[asyncio.Future[Worker | None]] = FairQueue(
+            per_client if per_client is not None else _CLIENT_QUEUED_PER_WORKER * workers,
+            queued if queued is not None else _QUEUED_PER_WORKER * workers,
+        )
         self._tasks: set[asyncio.Future[Any]] = set()
         self._names: dict[KeySource, str | None] = {}
         self._closed = False
         self._logged_at = -_LOG_EVERY
         self._unlogged = 0
 
+    @property
+    def waiting(self) -> int:
+        """Bodies waiting for a worker."""
+        return len(self._waiters)
+
     async def read(
-        self, body: bytes, key_source: KeySource | None, headers: Sequence[tuple[bytes, bytes]]
+        self,
+        body: bytes,
+        key_source: KeySource | None,
+        headers: Sequence[tuple[bytes, bytes]],
+        client: str = "",
     ) -> Outcome:
-        """`(model, key)` of `body`, or why it cannot be routed (`payload`'s codes)."""
+        """`(model, key)` of `body`, or why it cannot be routed (`payload`'s codes); `client`:
+        where the body comes from (`Request.client`), whose turn it waits for."""
         name = None
         if key_source is not None:
             name = self._name(key_source)
             if name is None:
                 lookup = dict(reversed(headers)).get
                 return payload.read_payload(body, key_source, lookup)
-        worker = await self._acquire()
+        worker = await self._acquire(client)
         if worker is None:
             return UNAVAILABLE
         head, meta = payload.encode_request(body, name, headers)
@@ -145,8 +201,7 @@ class ParsePool:
         for worker in self._idle:
             worker.kill()
         self._idle.clear()
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while (waiter := self._waiters.pop()) is not None:
             if not waiter.done():
                 waiter.set_result(None)
         tasks = list(self._tasks)
@@ -156,7 +211,7 @@ class ParsePool:
 
     # -- workers ------------------------------------------------------------------------------
 
-    async def _acquire(self) -> _Worker | None:
+    async def _acquire(self, client: str) -> Worker | None:
         if self._closed:
             return None
         while self._idle:
@@ -164,8 +219,10 @@ class ParsePool:
             if worker.alive:
                 return worker
             self._lost(worker, None)  # died while idle (killed, say): never handed a body
-        waiter: asyncio.Future[_Worker | None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        waiter: asyncio.Future[Worker | None] = asyncio.get_running_loop().create_future()
+        if not self._waiters.push(client, waiter):
+            self._warn("too many request bodies wait to be read: answered 503 (%s)", client)
+            return None
         if self._count < self._max:
             self._spawn()
         try:
@@ -173,6 +230,8 @@ class ParsePool:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and (handed := waiter.result()):
                 self._release(handed)
+            else:
+                self._waiters.remove(client, waiter)
             raise
 
     def _spawn(self) -> None:
@@ -185,7 +244,7 @@ class ParsePool:
 
     async def _start(self) -> None:
         try:
-            worker = await _Worker.start(self._memory_limit)
+            worker = await self._start_worker(self._memory_limit)
         except (OSError, ValueError) as error:
             self._count -= 1
             self._warn("cannot start a body-parsing worker: %s", error)
@@ -196,7 +255,7 @@ class ParsePool:
             raise
         self._release(worker)
 
-    async def _ask(self, worker: _Worker, head: bytes, meta: bytes, body: bytes) -> Outcome:
+    async def _ask(self, worker: Worker, head: bytes, meta: bytes, body: bytes) -> Outcome:
         try:
             outcome = await worker.ask(head, meta, body)
         except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as error:
@@ -208,7 +267,7 @@ class ParsePool:
         self._release(worker)
         return outcome
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: Worker) -> None:
         if self._closed:
             worker.kill()
             self._count -= 1
@@ -216,16 +275,15 @@ class ParsePool:
         if not self._wake(worker):
             self._idle.append(worker)
 
-    def _wake(self, worker: _Worker | None) -> bool:
-        """Hand `worker` (None: a failed start) to the first request still waiting."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
+    def _wake(self, worker: Worker | None) -> bool:
+        """Hand `worker` (None: a failed start) to the waiting request whose turn it is."""
+        while (waiter := self._waiters.pop()) is not None:
             if not waiter.done():
                 waiter.set_result(worker)
                 return True
         return False
 
-    def _lost(self, worker: _Worker, error: BaseException | None) -> None:
+    def _lost(self, worker: Worker, error: BaseException | None) -> None:
         worker.kill()
         self._count -= 1
         if error is not None:
