@@ -278,7 +278,8 @@ class OutlierSettings:
     their probes pass leave rotation for a while."""
 
     consecutive_errors: int = 5
-    """5xx answers or gateway errors in a row that eject an engine (Envoy's default); 0 is off."""
+    """Errors in a row that eject an engine (Envoy's default); 0 is off. What counts as one is
+    `fleet.outliers`' rule: a 5xx caused by the request never does."""
     base_ejection: float = 30.0
     """An ejection lasts this times the engine's ejection count (Envoy's default)."""
     max_ejection: float = 300.0

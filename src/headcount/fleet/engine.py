@@ -73,7 +73,8 @@ class EngineLoad:
     requests: int = 0
     failures: int = 0
     consecutive_errors: int = 0
-    """5xx answers and gateway errors in a row (outlier detection); any other answer resets it."""
+    """Errors in a row as outlier detection counts them (`outliers.py`); any answer under 500
+    resets it."""
     running: float = 0.0
     """Scraped `vllm:num_requests_running`: every router's traffic, not only ours."""
     waiting: float = 0.0

@@ -1,10 +1,25 @@
 """Passive outlier detection, as Envoy does it: the decisions, pure, over counts and time.
 
 An engine whose probes pass can still fail every request (a broken model, a
-full disk, a wedged GPU). The proxy counts each engine's consecutive errors, a
-5xx answer or a gateway error (connect failure, timeout, protocol violation,
-broken stream), and any other answer resets the count. At
-`OutlierSettings.consecutive_errors` the engine is ejected: out of rotation
+full disk, a wedged GPU). The proxy counts each engine's consecutive errors,
+and any answer under 500 resets the count. What counts:
+
+- a gateway error (connect failure, timeout, protocol violation, broken
+  stream) or a 502/503 answer: the engine could not take the request, whatever
+  the request was;
+- another 5xx answer (500, 504, ...) only once the request has shown it is not
+  its own fault. vLLM answers 500 for some inputs it cannot handle, so a
+  client could otherwise eject any healthy engine with five bad requests
+  pinned to it (`x-session-id`). Such an answer is relayed to no one yet: the
+  request is tried once more on another engine. If that one answers under 500,
+  the first engine's 5xx counts against it (and the client gets the good
+  answer); if it answers a 5xx too, the request is at fault and neither engine
+  is counted. With no other engine to try (or none that answers) the 5xx counts
+  once, at the request's end: evidence that cannot be checked is taken as it
+  stands, as Envoy takes every 5xx.
+
+A request counts at most once against each engine it tried, however it was
+retried. At `OutlierSettings.consecutive_errors` the engine is ejected: out of rotation
 for `base_ejection` times the number of its ejections, at most
 `max_ejection`. The multiplier decays by one for every `base_ejection` the
 engine then spends in rotation, so an engine that failed once, long ago,
