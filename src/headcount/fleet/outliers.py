@@ -19,8 +19,12 @@ and any answer under 500 resets the count. What counts:
   stands, as Envoy takes every 5xx.
 
 A request counts at most once against each engine it tried, however it was
-retried. At `OutlierSettings.consecutive_errors` the engine is ejected: out of rotation
-for `base_ejection` times the number of its ejections, at most
+retried. A stalled engine (requests waited `--stalled-engine-timeout` for a
+first byte and it sent none to anyone: `proxy/stalls.py`) is ejected at once,
+reason `stalled`: that is no single request's doing.
+
+At `OutlierSettings.consecutive_errors` the engine is ejected: out of
+rotation for `base_ejection` times the number of its ejections, at most
 `max_ejection`. The multiplier decays by one for every `base_ejection` the
 engine then spends in rotation, so an engine that failed once, long ago,
 starts over. The ejection ends when its time is up, or earlier when a
@@ -52,6 +56,7 @@ __all__ = [
     "HTTP_5XX",
     "NOT_EJECTED",
     "REASONS",
+    "STALLED",
     "Ejection",
     "next_ejection",
     "panicking",
@@ -64,7 +69,10 @@ HTTP_5XX = "http_5xx"
 """The error that tipped the count was a 5xx answer."""
 GATEWAY_ERROR = "gateway_error"
 """... a connect failure, a timeout, a protocol violation or a broken stream."""
-REASONS = (HTTP_5XX, GATEWAY_ERROR)
+STALLED = "stalled"
+"""The engine sent no first byte to any request while one waited a whole
+`--stalled-engine-timeout` (`proxy/stalls.py`): decisive alone, no count to reach."""
+REASONS = (HTTP_5XX, GATEWAY_ERROR, STALLED)
 """Every `reason` label of `headcount_outlier_ejections_total`."""
 
 

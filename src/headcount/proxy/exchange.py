@@ -16,7 +16,9 @@ its chunked body left unterminated. The router's own exhaustion (no fd for a con
 Every attempt holds `engine.load.in_flight` from routing to its end, released
 at a single point (`Exchange._release`), and sits in its engine's entry of
 `ExchangeContext.waiting` until its first response byte, so the proxy finds
-the exchanges an engine's departure concerns without scanning the others.
+the exchanges an engine's departure concerns without scanning the others,
+and the stall watch (`stalls.py`) finds the ones an engine that stopped
+answering keeps waiting; `engine.load.awaiting` counts them for the policy.
 Each answer feeds outlier detection (`fleet/outliers.py` has the rule): a
 gateway error (a broken stream included) or a 502/503 counts against the
 engine (`Fleet.record_error`), any other answer under 500, once whole, resets
@@ -75,6 +77,7 @@ from headcount.proxy.errors import (
     upstream_timed_out,
 )
 from headcount.proxy.headers import response_headers
+from headcount.proxy.stalls import StallWatch
 from headcount.routing import Policy, RequestFeatures
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, Metrics, whole
@@ -112,6 +115,8 @@ class ExchangeContext:
     tells them when their engine leaves (`engine_left`). Insertion-ordered dicts as sets."""
     first_byte_timeout: float | None
     access: AccessLog
+    stalls: StallWatch | None = None
+    """Told when requests start waiting on an engine; None: no stall watch."""
 
 
 class Exchange:
@@ -199,6 +204,7 @@ class Exchange:
         self._engine = self._last = engine
         load = engine.load
         load.in_flight += 1
+        load.awaiting += 1
         load.requests += 1
         context = self._context
         waiting = context.waiting.get(engine.id)
@@ -206,6 +212,8 @@ class Exchange:
             waiting = context.waiting[engine.id] = {}
         waiting[self] = None
         self._waiting_in = waiting
+        if len(waiting) == 1 and context.stalls is not None:
+            context.stalls.watch(engine, self._loop)
         kv = self._features.kv
         if kv is not None:
             self._prefill = (load, kv.dispatch(engine))
@@ -262,18 +270,19 @@ class Exchange:
         if engine is None:
             return
         self._engine = None
-        self._unwait()
         load = engine.load
+        self._unwait(load)
         load.in_flight -= 1
         if failed:
             load.failures += 1
 
-    def _unwait(self) -> None:
+    def _unwait(self, load: EngineLoad) -> None:
         """The attempt waits for a first byte no more: out of the waiting set, timer off."""
         waiting = self._waiting_in
         if waiting is not None:
             self._waiting_in = None
             waiting.pop(self, None)
+            load.awaiting -= 1
         timer = self._timer
         if timer is not None:
             self._timer = None
@@ -303,6 +312,13 @@ class Exchange:
         what = "left the fleet" if removed else "left rotation"
         reason = "engine_removed" if removed else "engine_left_rotation"
         self._abandon(Abandoned(f"engine {engine.spec.name} {what} before answering", reason))
+
+    def stalled(self, message: str) -> None:
+        """The engine this attempt waits on sent nobody a first byte for too long
+        (`stalls.py`, which ejects it): fail over now."""
+        if self._done or self._engine is None or self._waiting_in is None:
+            return
+        self._abandon(Abandoned(message, "engine_stalled"))
 
     def _first_byte_late(self) -> None:
         self._timer = None
@@ -365,7 +381,9 @@ class Exchange:
         engine = self._engine
         if engine is None:
             return False
-        self._unwait()
+        load = engine.load
+        load.answered += 1
+        self._unwait(load)
         status = head.status
         if status < 500:
             suspect = self._suspect
