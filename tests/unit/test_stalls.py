@@ -102,3 +102,19 @@ def test_watching_twice_is_one_watch_and_it_ends_with_the_wait() -> None:
     assert ticks.due == []
     watch.watch(engine, ticks)  # type: ignore[arg-type]
     assert len(ticks.due) == 1, "waiting again: watched again"
+
+
+def test_an_engine_removed_and_added_again_is_watched_from_scratch() -> None:
+    watch, fleet, waiting, ticks = watched()
+    old = fleet.snapshot.by_id["a"]
+    request = Request(waiting["a"])
+    watch.watch(old, ticks)  # type: ignore[arg-type]
+    ticks.run()
+    fleet.remove("a")
+    fleet.reconcile("static", [old.spec])  # a new engine under the same id, a new load
+    assert fleet.snapshot.by_id["a"].load is not old.load
+    ticks.run()
+    ticks.run()
+    assert request.told == [], "a whole timeout of the new engine has not passed"
+    ticks.run()
+    assert request.told != []

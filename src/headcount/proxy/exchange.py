@@ -10,8 +10,8 @@ Another 5xx answer (500, 504, ...) is tried once more, on another engine, to
 tell whose fault it is (below). A stale pooled connection is retried once on
 a fresh connection to the same engine, not counted as a failover. After the
 first byte nothing is retried; a broken stream closes the client connection,
-its chunked body left unterminated. The router's own exhaustion (no fd for a connection) is answered
-503 at once and counted against no engine.
+its chunked body left unterminated. The router's own exhaustion (no fd for a
+connection) is answered 503 at once and counted against no engine.
 
 Every attempt holds `engine.load.in_flight` from routing to its end, released
 at a single point (`Exchange._release`), and sits in its engine's entry of

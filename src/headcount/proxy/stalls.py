@@ -98,15 +98,19 @@ class StallWatch:
 
     def _tick(self, engine_id: str, loop: asyncio.AbstractEventLoop) -> None:
         watch = self._watches[engine_id]
+        current = self._fleet.snapshot.by_id.get(engine_id)
+        renewed = current is not None and current.load is not watch.load
+        if current is not None and renewed:  # removed and added again: its count starts over
+            watch.engine, watch.load = current, current.load
         now = self._sample(engine_id, watch.load)
-        then = watch.samples[0]
+        then = None if renewed else watch.samples[0]
         if then is not None and stalled(then, now):
             self._stall(watch.engine)
             now = self._sample(engine_id, watch.load)
         if now.oldest is None:
             del self._watches[engine_id]
             return
-        watch.samples = (watch.samples[1], now)
+        watch.samples = (None if renewed else watch.samples[1], now)
         loop.call_later(self._timeout / 2, self._tick, engine_id, loop)
 
     def _stall(self, engine: Engine) -> None:
