@@ -53,6 +53,7 @@ async def test_kv_aware_requests_move_off_a_cached_engine_that_stopped_answering
         assert setup.sample("headcount_upstream_failovers_total", reason="engine_stalled") >= 1
         await hung.set_fail_mode("none")
         await wait_until(setup.all_released)
+        assert [engine.load.awaiting for engine in setup.fleet.snapshot.engines] == [0, 0]
 
 
 async def test_an_engine_answering_others_is_not_stalled_by_one_long_request() -> None:
