@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +148,11 @@ class ProxySettings:
     first_byte_timeout: float | None = None
     """Off by default: a long prompt's prefill legitimately takes minutes before the first
     byte. Set, an attempt with no response byte within it is failed over to another engine."""
+    stalled_engine_timeout: float = 30.0
+    """A request that waited this long for its first byte from an engine that sent none to
+    any request meanwhile fails over, and the engine is ejected (`proxy/stalls.py`): it
+    stopped answering while its probes pass. Above a long prompt's prefill on an idle engine
+    (an engine busy with one still answers the others); 0 is off."""
     access_log_sample: float = 0.01
     """Share of successful requests given an access-log line (`headcount.access`); errors,
     cut streams and failovers always get one. 0: no access log, 1: every request."""
@@ -172,6 +178,8 @@ class ProxySettings:
             raise ConfigError("parse_workers must be at least 1")
         if self.first_byte_timeout is not None:
             _require_positive(("--first-byte-timeout", self.first_byte_timeout))
+        if not 0 <= self.stalled_engine_timeout < math.inf:
+            raise ConfigError("--stalled-engine-timeout must be 0 (off) or a positive duration")
         if not 0 <= self.access_log_sample <= 1:
             raise ConfigError("--access-log-sample must be within 0-1 (0: off, 1: every request)")
 
@@ -278,7 +286,8 @@ class OutlierSettings:
     their probes pass leave rotation for a while."""
 
     consecutive_errors: int = 5
-    """5xx answers or gateway errors in a row that eject an engine (Envoy's default); 0 is off."""
+    """Errors in a row that eject an engine (Envoy's default); 0 is off. What counts as one is
+    `fleet.outliers`' rule: a 5xx caused by the request never does."""
     base_ejection: float = 30.0
     """An ejection lasts this times the engine's ejection count (Envoy's default)."""
     max_ejection: float = 300.0

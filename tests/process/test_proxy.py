@@ -409,13 +409,14 @@ async def test_503_is_passed_through_when_no_other_engine_is_left() -> None:
         assert setup.all_released()
 
 
-async def test_http_500_is_not_failed_over() -> None:
+async def test_a_500_is_tried_once_more_and_two_engines_500_is_the_answer() -> None:
     async with routed(sim("a", fail_mode="http-500"), sim("b", fail_mode="http-500")) as setup:
         for _ in range(4):
             status, body, _ = await setup.post(CHAT, chat())
             assert status == 500 and "simulated engine failure" in body["error"]["message"]
-        assert sum(requests for _, requests, _ in setup.loads()) == 4  # one attempt each
-        assert setup.sample("headcount_upstream_failovers_total", reason="http_500") == 0
+        assert [requests for _, requests, _ in setup.loads()] == [4, 4]  # each on both, once
+        assert setup.sample("headcount_upstream_failovers_total", reason="http_5xx") == 4
+        assert setup.fleet.snapshot.ejected == frozenset()
 
 
 async def test_all_engines_refusing_gets_502() -> None:
@@ -870,14 +871,76 @@ async def test_first_byte_timeout_never_cuts_an_answer_that_has_begun() -> None:
 async def test_an_engine_answering_every_request_with_500_leaves_rotation() -> None:
     threshold = OutlierSettings().consecutive_errors
     async with routed(sim("broken", fail_mode="http-500"), sim("good")) as setup:
-        statuses = [(await setup.post(CHAT, chat()))[0] for _ in range(4 * threshold)]
-        assert statuses.count(500) == threshold, statuses
-        assert statuses[-2 * threshold :] == [200] * (2 * threshold)
+        answered = [(await setup.post(CHAT, chat()))[2] for _ in range(4 * threshold)]
+        assert {headers["x-engine-name"] for headers in answered} == {"good"}  # tried again
         broken = setup.fleet.snapshot.by_id[setup.engine_ids[0]]
         assert broken.id in setup.fleet.snapshot.ejected and broken.state is EngineState.READY
+        assert broken.load.requests == threshold, "out of rotation once its 500s were counted"
         assert setup.sample("headcount_outlier_ejections_total", reason="http_5xx") == 1
         assert setup.sample("headcount_outlier_ejections_total", reason="gateway_error") == 0
         await wait_until(setup.all_released)
+
+
+def poisoned(answers: list[str]) -> Script:
+    """A raw engine that answers a body holding `poison` with vLLM's JSON 500 (as vLLM answers
+    some inputs it cannot handle) and any other with a chat completion; `answers` logs which."""
+    error = b'{"error": {"message": "bad input", "type": "InternalServerError", "code": 500}}'
+    fine = b'{"object": "chat.completion", "choices": []}'
+
+    async def script(conn: EngineConnection) -> None:
+        while (got := await conn.read_request()) is not None:
+            bad = b"poison" in got[1]
+            answers.append("500" if bad else "200")
+            status, body = (b"500 Internal Server Error", error) if bad else (b"200 OK", fine)
+            await conn.send(
+                b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (status, len(body), body)
+            )
+
+    return script
+
+
+async def test_a_lone_surrogate_is_a_400_that_no_engine_sees() -> None:
+    """Issue 17 finding 9: `"\\ud800"` (valid JSON) got a 500 from the router."""
+    answers: list[str] = []
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    async with raw_engine(poisoned(answers)) as engine, routed(extra_urls=[engine.url]) as setup:
+        for model in (MODEL.encode(), b"no-such-model"):
+            async with setup.session.post(
+                setup.url + CHAT, data=body % model, headers={"content-type": "application/json"}
+            ) as response:
+                assert response.status == 400
+                assert_openai_error(await response.json(), "invalid_unicode")
+    assert answers == []
+
+
+async def test_requests_that_500_on_two_engines_eject_neither() -> None:
+    """Issue 17 finding 9: five poisoned requests pinned by `x-session-id` ejected a healthy
+    engine. A 5xx that a second engine answers with a 5xx too is the request's fault."""
+    threshold = OutlierSettings().consecutive_errors
+    first: list[str] = []
+    second: list[str] = []
+    policy = make_policy(RoutingName.SESSION, affinity_epsilon=1.0)
+    async with raw_engine(poisoned(first)) as a, raw_engine(poisoned(second)) as b:
+        async with routed(extra_urls=[a.url, b.url], policy=policy) as setup:
+            pinned = {"x-session-id": "s-1"}
+            poison = chat(messages=[{"role": "user", "content": "poison"}])
+            for _ in range(3 * threshold):
+                async with setup.session.post(
+                    setup.url + CHAT, json=poison, headers=pinned
+                ) as response:
+                    assert response.status == 500
+                    assert (await response.json())["error"]["message"] == "bad input"
+            assert setup.fleet.snapshot.ejected == frozenset()
+            assert len(first) == len(second) == 3 * threshold, "each tried on both, once"
+            assert [engine.load.consecutive_errors for engine in setup.fleet.snapshot.engines] == [
+                0,
+                0,
+            ]
+            for _ in range(2):
+                status, _, _ = await setup.post(CHAT, chat())
+                assert status == 200
+            await wait_until(setup.all_released)
 
 
 async def test_protocol_violations_count_as_gateway_errors() -> None:

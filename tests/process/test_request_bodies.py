@@ -64,8 +64,22 @@ def empty_arrays(size: int, model: str = "nope") -> bytes:
         (b"[1]", payload.NOT_AN_OBJECT),
         (b'{"model": 7}', payload.MISSING_MODEL),
         (b'{"model": ""}', payload.MISSING_MODEL),
+        (b'{"model": "m", "x": "\\ud800"}', payload.INVALID_UNICODE),
+        ('{"model": "m", "x": "\\udfff"}'.encode("utf-16"), payload.INVALID_UNICODE),
+        (b'{"model": "m", "x": "\\ud83d\\ude00 \\\\ud800"}', ("m", None)),
     ],
-    ids=["ok", "malformed", "not-utf", "100k-deep", "array", "number-model", "empty-model"],
+    ids=[
+        "ok",
+        "malformed",
+        "not-utf",
+        "100k-deep",
+        "array",
+        "number-model",
+        "empty-model",
+        "lone-surrogate",
+        "lone-surrogate-utf-16",
+        "surrogate-pair",
+    ],
 )
 def test_a_body_is_read_to_a_model_or_a_reason(body: bytes, outcome: payload.Outcome) -> None:
     assert payload.read_payload(body, None, no_header) == outcome

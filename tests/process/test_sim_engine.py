@@ -357,6 +357,18 @@ async def test_http_500_fails_the_api_but_not_health(
         assert response.status == 200
 
 
+async def test_a_prompt_it_cannot_encode_is_a_json_500_never_a_traceback(
+    engine: SimEngine, session: aiohttp.ClientSession
+) -> None:
+    body = b'{"model": "sim-model", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    url = f"{engine.url}/v1/chat/completions"
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as got:
+        assert got.status == 500 and got.content_type == "application/json"
+        error = (await got.json())["error"]
+    assert error["type"] == "InternalServerError" and "surrogates not allowed" in error["message"]
+    assert "Traceback" not in error["message"]
+
+
 async def test_client_disconnect_mid_stream_frees_the_slot(
     session: aiohttp.ClientSession,
 ) -> None:

@@ -179,6 +179,7 @@ async def test_engines_describes_every_engine_with_its_state_load_and_origin() -
         "models": ["model-a"],
         "adapters": ["sql-lora"],
         "in_flight": 2,
+        "awaiting_first_byte": 0,
         "requests": 7,
         "failures": 1,
         "running": 0.0,

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from headcount.config import ProxySettings
+from headcount.config import ProxySettings, RoutingName
 from headcount.fleet import Engine, EngineState
 from headcount.proxy.admission import Admission, Admitted, Refused
 from headcount.routing import (
     LeastLoaded,
     RequestFeatures,
     RoundRobin,
+    make_policy,
     session_key,
 )
 from headcount.surfaces.metrics import UNKNOWN_MODEL
@@ -72,6 +73,41 @@ def test_a_malformed_request_is_refused_with_400_under_the_unknown_label(
     assert isinstance(decision, Refused)
     assert decision.answer.status == 400 and error_code(decision) == code
     assert decision.label == UNKNOWN_MODEL
+
+
+LONE = b'{"role": "user", "content": "a \\ud800 b"}'
+"""A lone UTF-16 surrogate: valid JSON, yet no Unicode text the router or an engine can encode."""
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "session", "kv-aware"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "messages": [' + LONE + b"]}",
+        b'{"model": "other", "messages": [' + LONE + b"]}",
+        b'{"model": "m", "user": "\\udc00", "messages": []}',
+        b'{"model": "m", "messages": [], "x": ["\\uDBFF"]}',
+    ],
+)
+def test_a_lone_surrogate_is_refused_with_400_whatever_the_policy(policy: str, body: bytes) -> None:
+    policies = {
+        "round-robin": RoundRobin(),
+        "session": make_policy(RoutingName.SESSION, affinity_epsilon=0.5),
+        "kv-aware": kv_aware(builtin_tokenizer()),
+    }
+    decision = admit(request(body, (b"x-session-id", b"s1")), FLEET, policies[policy])
+    assert isinstance(decision, Refused)
+    assert decision.answer.status == 400 and error_code(decision) == "invalid_unicode"
+    error = json.loads(decision.answer.body)["error"]
+    assert error["type"] == "invalid_request_error" and "surrogate" in error["message"]
+    assert decision.label == UNKNOWN_MODEL
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_text() -> None:
+    pair = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d\\ude00 \\\\ud800"}]}'
+    assert json.loads(pair)["messages"][0]["content"] == "\U0001f600 \\ud800"
+    for policy in (RoundRobin(), kv_aware(builtin_tokenizer())):
+        assert isinstance(admit(request(pair), FLEET, policy), Admitted)
 
 
 def test_a_model_nobody_serves_is_404_when_the_fleet_works() -> None:

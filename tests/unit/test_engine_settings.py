@@ -1,4 +1,4 @@
-"""The settings for broken engines: first-byte timeout, DNS lookups, outlier detection."""
+"""The settings for broken engines: first-byte timeout, stalls, DNS lookups, outlier detection."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def parse(*argv: str) -> Settings:
 def test_by_default_detection_is_on_and_the_first_byte_is_waited_for() -> None:
     settings = parse()
     assert settings.proxy.first_byte_timeout is None
+    assert settings.proxy.stalled_engine_timeout == 30.0
     assert settings.outlier == OutlierSettings(
         consecutive_errors=5, base_ejection=30.0, max_ejection=300.0, max_ejected_percent=50.0
     )
@@ -42,6 +43,8 @@ def test_the_flags_reach_the_settings() -> None:
     settings = parse(
         "--first-byte-timeout",
         "1.5s",
+        "--stalled-engine-timeout",
+        "0",
         "--dns-timeout",
         "250ms",
         "--outlier-consecutive-errors",
@@ -54,6 +57,7 @@ def test_the_flags_reach_the_settings() -> None:
         "33.3",
     )
     assert settings.proxy.first_byte_timeout == 1.5
+    assert settings.proxy.stalled_engine_timeout == 0.0
     assert settings.dns == DnsSettings(timeout=0.25)
     assert settings.outlier == OutlierSettings(
         consecutive_errors=0, base_ejection=10.0, max_ejection=120.0, max_ejected_percent=33.3
@@ -67,6 +71,7 @@ STATIC = DiscoverySettings(backends=("http://127.0.0.1:1",))
     ("build", "needle"),
     [
         (lambda: ProxySettings(first_byte_timeout=0), "--first-byte-timeout must be positive"),
+        (lambda: ProxySettings(stalled_engine_timeout=-1), "--stalled-engine-timeout must be 0"),
         (lambda: DnsSettings(timeout=0), "--dns-timeout must be positive"),
         (lambda: OutlierSettings(consecutive_errors=-1), "--outlier-consecutive-errors"),
         (lambda: OutlierSettings(base_ejection=0), "--outlier-base-ejection must be positive"),

@@ -17,6 +17,7 @@ from headcount.config import RoutingName
 from headcount.kvindex.keys import BlockKey, block_keys
 from headcount.routing import RequestFeatures, make_policy
 from headcount.routing.kv import KvAware, KvRequest, KvRouting
+from headcount.routing.kv.policy import ttft_cost
 from tests.support import engine
 
 BS = 4
@@ -141,6 +142,28 @@ def test_scraped_waiting_requests_and_a_full_kv_cache_count_against_an_engine() 
     assert kv.select(full, features(kv, PROMPT)) is full[1]
     roomy = [engine("a", kv_usage=0.85), engine("b", kv_usage=0.5)]
     assert kv.select(roomy, features(kv, PROMPT)) is roomy[0]
+
+
+def test_requests_waiting_on_a_cached_engine_outweigh_its_cache() -> None:
+    """Issue 17 finding 11: a cached engine that stopped answering drew every request, since
+    nothing in its cost grew with what waited on it (its index holds the prompt)."""
+    index = FakeIndex()
+    index.hold("a", PROMPT)
+    kv = policy(index)
+    for awaiting, chosen in ((0, "a"), (1, "b")):
+        engines = [engine("a", in_flight=awaiting, awaiting=awaiting), engine("b")]
+        assert kv.select(engines, features(kv, PROMPT)) is engines[chosen == "b"]
+
+
+def test_waiting_requests_count_once_whether_scraped_or_seen_by_the_router() -> None:
+    index = FakeIndex()
+    load = {"waiting": 2, "awaiting": 2, "in_flight": 2}
+    assert kv_cost(index, **load) == kv_cost(index, waiting=2) == kv_cost(index, awaiting=2)
+    assert kv_cost(index, waiting=1, awaiting=3) == kv_cost(index, awaiting=3)
+
+
+def kv_cost(index: FakeIndex, **load: int) -> float:
+    return ttft_cost(100, 0, engine("a", **load).load, policy(index).routing)
 
 
 def test_an_adapters_blocks_are_not_the_base_models() -> None:

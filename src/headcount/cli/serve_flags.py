@@ -221,6 +221,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: off, a long prefill may take minutes)",
     )
     proxy.add_argument(
+        "--stalled-engine-timeout",
+        type=parse_duration,
+        default=proxy_d.stalled_engine_timeout,
+        help="a request waited this for its first byte from an engine that sent none to any "
+        "request meanwhile: it fails over and the engine is ejected; 0: off "
+        f"(default {proxy_d.stalled_engine_timeout:g}s)",
+    )
+    proxy.add_argument(
         "--dns-timeout",
         type=parse_duration,
         default=dns_d.timeout,
@@ -481,6 +489,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             client_header_timeout=ns.client_header_timeout,
             client_send_timeout=ns.client_send_timeout,
             first_byte_timeout=ns.first_byte_timeout,
+            stalled_engine_timeout=ns.stalled_engine_timeout,
             access_log_sample=ns.access_log_sample,
         ),
         probe=ProbeSettings(

@@ -64,16 +64,22 @@ class EngineSpec:
 class EngineLoad:
     """What changes per request or per probe, mutated in place so no snapshot is rebuilt.
 
-    The proxy holds `in_flight` (released in `finally`, never reset) and counts
-    `requests` and `failures`; the prober writes the scraped gauges. One object
+    The proxy holds `in_flight` (released in `finally`, never reset) and `awaiting`,
+    counts `requests`, `answered` and `failures`; the prober writes the scraped gauges. One object
     lives as long as its engine, shared by every snapshot that holds the engine.
     """
 
     in_flight: int = 0
+    awaiting: int = 0
+    """Of `in_flight`, the attempts with no response byte yet: queued or prefilling there."""
     requests: int = 0
+    answered: int = 0
+    """Attempts that got a response head: an engine whose count stands still while requests
+    wait on it has stopped answering (`proxy/stalls.py`)."""
     failures: int = 0
     consecutive_errors: int = 0
-    """5xx answers and gateway errors in a row (outlier detection); any other answer resets it."""
+    """Errors in a row as outlier detection counts them (`outliers.py`); any answer under 500
+    resets it."""
     running: float = 0.0
     """Scraped `vllm:num_requests_running`: every router's traffic, not only ours."""
     waiting: float = 0.0

@@ -282,23 +282,26 @@ class Fleet:
             )
             self._publish_left()
 
-    def record_error(self, engine_id: str, reason: str) -> bool:
-        """Count a 5xx answer or gateway error (`outliers.REASONS`) against an engine; True
-        when it was ejected for it now. The proxy resets the count on any other answer."""
+    def record_error(self, engine_id: str, reason: str, *, decisive: bool = False) -> bool:
+        """Count an error (`outliers.REASONS`) against an engine, `decisive`: as reaching the
+        count at once; True when it was ejected for it now. The proxy resets the count on an
+        answer under 500."""
         engine = self._engines.get(engine_id)
         settings = self._outliers
         if engine is None or settings is None or not settings.consecutive_errors:
             return False
         load = engine.load
         load.consecutive_errors += 1
-        if load.consecutive_errors < settings.consecutive_errors:
+        count_short = load.consecutive_errors < settings.consecutive_errors
+        if count_short and not decisive:
             return False
         load.consecutive_errors = 0
         now = self._now()
         if engine.ejection.active(now):
             return False  # answers to requests sent before the ejection
         ejection = next_ejection(engine.ejection, now, reason, settings)
-        story.ejected(engine, ejection, now, settings.consecutive_errors)
+        count = None if decisive and count_short else settings.consecutive_errors
+        story.ejected(engine, ejection, now, count)
         self._store(replace(engine, ejection=ejection), ejected=True)
         self._publish_left()
         return True

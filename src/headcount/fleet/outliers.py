@@ -1,11 +1,30 @@
 """Passive outlier detection, as Envoy does it: the decisions, pure, over counts and time.
 
 An engine whose probes pass can still fail every request (a broken model, a
-full disk, a wedged GPU). The proxy counts each engine's consecutive errors, a
-5xx answer or a gateway error (connect failure, timeout, protocol violation,
-broken stream), and any other answer resets the count. At
-`OutlierSettings.consecutive_errors` the engine is ejected: out of rotation
-for `base_ejection` times the number of its ejections, at most
+full disk, a wedged GPU). The proxy counts each engine's consecutive errors,
+and any answer under 500 resets the count. What counts:
+
+- a gateway error (connect failure, timeout, protocol violation, broken
+  stream) or a 502/503 answer: the engine could not take the request, whatever
+  the request was;
+- another 5xx answer (500, 504, ...) only once the request has shown it is not
+  its own fault. vLLM answers 500 for some inputs it cannot handle, so a
+  client could otherwise eject any healthy engine with five bad requests
+  pinned to it (`x-session-id`). Such an answer is relayed to no one yet: the
+  request is tried once more on another engine. If that one answers under 500,
+  the first engine's 5xx counts against it (and the client gets the good
+  answer); if it answers a 5xx too, the request is at fault and neither engine
+  is counted. With no other engine to try (or none that answers) the 5xx counts
+  once, at the request's end: evidence that cannot be checked is taken as it
+  stands, as Envoy takes every 5xx.
+
+A request counts at most once against each engine it tried, however it was
+retried. A stalled engine (requests waited `--stalled-engine-timeout` for a
+first byte and it sent none to anyone: `proxy/stalls.py`) is ejected at once,
+reason `stalled`: that is no single request's doing.
+
+At `OutlierSettings.consecutive_errors` the engine is ejected: out of
+rotation for `base_ejection` times the number of its ejections, at most
 `max_ejection`. The multiplier decays by one for every `base_ejection` the
 engine then spends in rotation, so an engine that failed once, long ago,
 starts over. The ejection ends when its time is up, or earlier when a
@@ -37,6 +56,7 @@ __all__ = [
     "HTTP_5XX",
     "NOT_EJECTED",
     "REASONS",
+    "STALLED",
     "Ejection",
     "next_ejection",
     "panicking",
@@ -49,7 +69,10 @@ HTTP_5XX = "http_5xx"
 """The error that tipped the count was a 5xx answer."""
 GATEWAY_ERROR = "gateway_error"
 """... a connect failure, a timeout, a protocol violation or a broken stream."""
-REASONS = (HTTP_5XX, GATEWAY_ERROR)
+STALLED = "stalled"
+"""The engine sent no first byte to any request while one waited a whole
+`--stalled-engine-timeout` (`proxy/stalls.py`): decisive alone, no count to reach."""
+REASONS = (HTTP_5XX, GATEWAY_ERROR, STALLED)
 """Every `reason` label of `headcount_outlier_ejections_total`."""
 
 

@@ -82,13 +82,15 @@ def changed(previous: Engine, current: Engine, reason: str) -> None:
     _log.log(level, message, *args, extra=fields)
 
 
-def ejected(engine: Engine, ejection: Ejection, now: float, errors: int) -> None:
+def ejected(engine: Engine, ejection: Ejection, now: float, errors: int | None) -> None:
+    """`errors`: how many in a row ejected it; None: the last one alone (decisive)."""
+    why = "it " if errors is None else f"{errors} errors in a row, the last "
     _log.warning(
-        "engine %s ejected for %gs (ejection %d): %d errors in a row, the last %s",
+        "engine %s ejected for %gs (ejection %d): %s%s",
         engine.spec.name,
         ejection.until - now,
         ejection.count,
-        errors,
+        why,
         ejection.reason,
         extra=_fields(
             "engine_ejected",

@@ -37,6 +37,7 @@ from headcount.proxy.errors import (
     BODY_UNREADABLE_NOW,
     INTERNAL_ERROR,
     INVALID_JSON,
+    INVALID_UNICODE,
     JSON_TOO_DEEP,
     MISSING_MODEL,
     NOT_AN_OBJECT,
@@ -121,6 +122,7 @@ _REFUSALS = {
     for code, answer in (
         (payload.INVALID_JSON, INVALID_JSON),
         (payload.TOO_DEEP, JSON_TOO_DEEP),
+        (payload.INVALID_UNICODE, INVALID_UNICODE),
         (payload.NOT_AN_OBJECT, NOT_AN_OBJECT),
         (payload.MISSING_MODEL, MISSING_MODEL),
         (payload.TOO_COMPLEX, BODY_TOO_COMPLEX),

@@ -78,6 +78,7 @@ from headcount.proxy.admission import Admission, Admitted, Later, Refused
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY, ErrorAnswer
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
+from headcount.proxy.stalls import StallWatch
 from headcount.routing import Policy
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import UNKNOWN_MODEL, Metrics, whole
@@ -157,6 +158,9 @@ class Proxy:
             waiting=self._waiting,
             first_byte_timeout=settings.first_byte_timeout,
             access=AccessLog(settings.access_log_sample),
+            stalls=StallWatch(settings.stalled_engine_timeout, self._waiting, fleet, metrics)
+            if settings.stalled_engine_timeout
+            else None,
         )
         limit = settings.connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._connections = ConnectionRegistry(

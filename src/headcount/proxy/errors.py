@@ -20,6 +20,7 @@ __all__ = [
     "INTERNAL_ERROR",
     "INVALID_API_KEY",
     "INVALID_JSON",
+    "INVALID_UNICODE",
     "JSON_TOO_DEEP",
     "MISSING_API_KEY",
     "MISSING_MODEL",
@@ -46,6 +47,13 @@ def _answer(status: int, message: str, error_type: str, code: str) -> ErrorAnswe
 
 INVALID_JSON = _answer(
     400, "request body is not valid JSON", "invalid_request_error", "invalid_json"
+)
+INVALID_UNICODE = _answer(
+    400,
+    "request body holds a lone UTF-16 surrogate (a `\\ud800`-`\\udfff` escape outside a pair), "
+    "which is no Unicode text: strings must be valid Unicode",
+    "invalid_request_error",
+    "invalid_unicode",
 )
 NOT_AN_OBJECT = _answer(
     400, "request body must be a JSON object", "invalid_request_error", "invalid_request"

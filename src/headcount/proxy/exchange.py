@@ -5,20 +5,28 @@ most `max_failovers` times: a connect failure (which also ejects the engine
 until a probe revives it), a connection closed before any byte, a 502/503
 from the engine, a failed DNS lookup, no byte within `first_byte_timeout`
 (when set), or the engine leaving rotation or the fleet while the attempt
-waits (`engine_left`: a request never waits on an engine known to be dead). A
-stale pooled connection is retried once on a fresh connection to the same
-engine, not counted as a failover. After the first byte nothing is retried; a
-broken stream closes the client connection, its chunked body left
-unterminated. The router's own exhaustion (no fd for a connection) is answered
-503 at once and counted against no engine.
+waits (`engine_left`: a request never waits on an engine known to be dead).
+Another 5xx answer (500, 504, ...) is tried once more, on another engine, to
+tell whose fault it is (below). A stale pooled connection is retried once on
+a fresh connection to the same engine, not counted as a failover. After the
+first byte nothing is retried; a broken stream closes the client connection,
+its chunked body left unterminated. The router's own exhaustion (no fd for a
+connection) is answered 503 at once and counted against no engine.
 
 Every attempt holds `engine.load.in_flight` from routing to its end, released
 at a single point (`Exchange._release`), and sits in its engine's entry of
 `ExchangeContext.waiting` until its first response byte, so the proxy finds
-the exchanges an engine's departure concerns without scanning the others.
-Each answer feeds outlier detection: a 5xx or a gateway error (a broken
-stream included) counts against the engine (`Fleet.record_error`), any other
-answer, once whole, resets its count.
+the exchanges an engine's departure concerns without scanning the others,
+and the stall watch (`stalls.py`) finds the ones an engine that stopped
+answering keeps waiting; `engine.load.awaiting` counts them for the policy.
+Each answer feeds outlier detection (`fleet/outliers.py` has the rule): a
+gateway error (a broken stream included) or a 502/503 counts against the
+engine (`Fleet.record_error`), any other answer under 500, once whole, resets
+its count. Another 5xx is a suspicion the request resolves: when the next
+engine answers under 500, the suspect's 5xx counts against it; when that
+engine answers a 5xx too, the request is at fault and neither is counted (the
+client gets the second answer); with no other engine to try, or none
+answering, it counts once at the request's end.
 
 A `kv-aware` routed request (`RequestFeatures.kv`) also holds, per attempt,
 the prompt tokens its engine must prefill in `engine.load.prefill_queued`,
@@ -69,6 +77,7 @@ from headcount.proxy.errors import (
     upstream_timed_out,
 )
 from headcount.proxy.headers import response_headers
+from headcount.proxy.stalls import StallWatch
 from headcount.routing import Policy, RequestFeatures
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, Metrics, whole
@@ -82,6 +91,8 @@ _FAILOVER_REASONS = {status: f"http_{status}" for status in _FAILOVER_STATUSES}
 CLIENT_CLOSED_STATUS = 499
 """Recorded when the client leaves before any status was sent (nginx's convention)."""
 _FAILOVER_ERRORS = (ConnectFailed, NoResponse, FirstByteTimeout, Abandoned, LookupFailed)
+_SUSPECT_5XX = "http_5xx"
+"""The failover reason of a 5xx other than 502/503: tried once more to tell whose it is."""
 _BLAMELESS = (Abandoned, LookupFailed)
 """Failures that say nothing against the engine: not counted, never eject."""
 _RESOURCE_NAMES = {"fds": "file descriptors"}
@@ -104,6 +115,8 @@ class ExchangeContext:
     tells them when their engine leaves (`engine_left`). Insertion-ordered dicts as sets."""
     first_byte_timeout: float | None
     access: AccessLog
+    stalls: StallWatch | None = None
+    """Told when requests start waiting on an engine; None: no stall watch."""
 
 
 class Exchange:
@@ -133,6 +146,7 @@ class Exchange:
         "_stale_retried",
         "_started",
         "_status",
+        "_suspect",
         "_task",
         "_timer",
         "_tried",
@@ -174,6 +188,7 @@ class Exchange:
         self._paused = False
         self._done = False
         self._status = 0
+        self._suspect: Engine | None = None
         self._ttfb: float | None = None
         self._waiting_in: dict[Exchange, None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -189,6 +204,7 @@ class Exchange:
         self._engine = self._last = engine
         load = engine.load
         load.in_flight += 1
+        load.awaiting += 1
         load.requests += 1
         context = self._context
         waiting = context.waiting.get(engine.id)
@@ -196,6 +212,8 @@ class Exchange:
             waiting = context.waiting[engine.id] = {}
         waiting[self] = None
         self._waiting_in = waiting
+        if len(waiting) == 1 and context.stalls is not None:
+            context.stalls.watch(engine, self._loop)
         kv = self._features.kv
         if kv is not None:
             self._prefill = (load, kv.dispatch(engine))
@@ -252,18 +270,19 @@ class Exchange:
         if engine is None:
             return
         self._engine = None
-        self._unwait()
         load = engine.load
+        self._unwait(load)
         load.in_flight -= 1
         if failed:
             load.failures += 1
 
-    def _unwait(self) -> None:
+    def _unwait(self, load: EngineLoad) -> None:
         """The attempt waits for a first byte no more: out of the waiting set, timer off."""
         waiting = self._waiting_in
         if waiting is not None:
             self._waiting_in = None
             waiting.pop(self, None)
+            load.awaiting -= 1
         timer = self._timer
         if timer is not None:
             self._timer = None
@@ -272,15 +291,6 @@ class Exchange:
         if prefill is not None:
             self._prefill = None
             prefill[0].prefill_queued -= prefill[1]
-
-    def _answered(self, engine: Engine, status: int) -> None:
-        """The first response byte: no more waiting; a 5xx counts against the engine (any
-        other answer resets the count once it is whole: a stream may still break)."""
-        self._unwait()
-        if status >= 500:
-            self._count_error(engine, HTTP_5XX)
-        elif status < 300 and self._features.kv is not None:
-            self._features.kv.prefilled(engine)
 
     def _count_error(self, engine: Engine, reason: str) -> None:
         if self._context.fleet.record_error(engine.id, reason):
@@ -302,6 +312,13 @@ class Exchange:
         what = "left the fleet" if removed else "left rotation"
         reason = "engine_removed" if removed else "engine_left_rotation"
         self._abandon(Abandoned(f"engine {engine.spec.name} {what} before answering", reason))
+
+    def stalled(self, message: str) -> None:
+        """The engine this attempt waits on sent nobody a first byte for too long
+        (`stalls.py`, which ejects it): fail over now."""
+        if self._done or self._engine is None or self._waiting_in is None:
+            return
+        self._abandon(Abandoned(message, "engine_stalled"))
 
     def _first_byte_late(self) -> None:
         self._timer = None
@@ -358,23 +375,44 @@ class Exchange:
             self._crash()
 
     def _failed_over(self, head: ResponseHead, complete: bool) -> bool:
-        """The head is here: the attempt waits no more, and its status feeds outlier detection.
-        An engine answering 502/503 did no work: True when another engine takes the request."""
+        """The head is here: the attempt waits no more, and its status feeds outlier detection
+        (module docstring). True when another engine takes the request: one answering 502/503
+        did no work, one answering another 5xx is a suspect the next answer clears or blames."""
         engine = self._engine
-        if engine is not None:
-            self._answered(engine, head.status)
-        if head.status not in _FAILOVER_STATUSES:
-            return False
-        engine = self._next_engine()
         if engine is None:
+            return False
+        load = engine.load
+        load.answered += 1
+        self._unwait(load)
+        status = head.status
+        if status < 500:
+            suspect = self._suspect
+            if suspect is not None:  # another engine answers what the suspect could not
+                self._suspect = None
+                self._count_error(suspect, HTTP_5XX)
+            if status < 300 and self._features.kv is not None:
+                self._features.kv.prefilled(engine)
+            return False
+        gateway = status in _FAILOVER_STATUSES
+        if gateway:
+            self._count_error(engine, HTTP_5XX)
+        elif self._suspect is not None:
+            self._suspect = None  # a second engine's 5xx for it: the request is at fault
+            return False
+        retry = self._next_engine()
+        if retry is None:
+            if not gateway:
+                self._count_error(engine, HTTP_5XX)  # nothing to tell it by
             return False  # the last engine's answer is the best one the client can get
+        if not gateway:
+            self._suspect = engine
         conn = self._conn
         self._conn = None
         if conn is not None:  # None when the answer was complete: the connection is pooled
             conn.cancel()
         self._release(failed=True)
-        self._context.metrics.failover(_FAILOVER_REASONS[head.status])
-        self._attempt(engine, fresh=False)
+        self._context.metrics.failover(_FAILOVER_REASONS.get(status, _SUSPECT_5XX))
+        self._attempt(retry, fresh=False)
         return True
 
     def on_upstream_error(self, error: UpstreamError) -> None:
@@ -481,6 +519,10 @@ class Exchange:
     def _end(self, status: int, outcome: str) -> None:
         """The request's single end: `status` the client saw, `outcome` how it ended."""
         self._done = True
+        suspect = self._suspect
+        if suspect is not None:  # no other engine answered: the 5xx counts after all
+            self._suspect = None
+            self._count_error(suspect, HTTP_5XX)
         duration = self._loop.time() - self._started
         context, model = self._context, self._features.model
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)

@@ -12,8 +12,10 @@ is light).
 Outcomes are plain data that cross a pipe as JSON: `(model, key)` for a
 routable body, else one of the codes below, which `admission.py` turns into
 answers. Malformed JSON is `invalid_json`, JSON nested deeper than the parser's
-recursion bound is `too_deep` (both 400, never a 500 with a traceback); a body
-whose parse runs out of the worker's memory bound is `too_complex`.
+recursion bound is `too_deep`, a string holding a lone UTF-16 surrogate (valid
+JSON, `"\\ud800"`, yet no text that UTF-8 or a tokenizer can encode) is
+`invalid_unicode` (all 400, never a 500 with a traceback); a body whose parse
+runs out of the worker's memory bound is `too_complex`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, BinaryIO
 __all__ = [
     "INTERNAL",
     "INVALID_JSON",
+    "INVALID_UNICODE",
     "MISSING_MODEL",
     "NOT_AN_OBJECT",
     "TOO_COMPLEX",
@@ -44,6 +47,7 @@ __all__ = [
 
 INVALID_JSON = "invalid_json"
 TOO_DEEP = "too_deep"
+INVALID_UNICODE = "invalid_unicode"
 NOT_AN_OBJECT = "not_an_object"
 MISSING_MODEL = "missing_model"
 TOO_COMPLEX = "too_complex"
@@ -104,7 +108,23 @@ def parse_request(body: bytes) -> dict[str, Any] | str:
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         return MISSING_MODEL
+    if b"\\ud" in body or b"\\uD" in body or body.find(0, 0, 4) >= 0:
+        return _text_problem(payload) or payload
     return payload
+
+
+def _text_problem(payload: dict[str, Any]) -> str | None:
+    """Why a string in `payload` is no UTF-8 text, if one is not. Only a `\\ud...` escape can
+    put a surrogate in (UTF-8 bytes cannot: the decode refuses them), so only a body holding
+    one, or in UTF-16 or -32 (a NUL in its first 4 bytes, as `json` detects it), pays for
+    this walk; a surrogate pair decodes to one character and passes."""
+    try:
+        json.dumps(payload, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return INVALID_UNICODE
+    except RecursionError:
+        return TOO_DEEP
+    return None
 
 
 def key_source_name(key_source: _KeySource) -> str | None:

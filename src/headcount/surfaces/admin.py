@@ -176,6 +176,7 @@ def _engine_json(engine: Engine, snapshot: Snapshot, now: float) -> dict[str, An
         "models": list(engine.models),
         "adapters": list(engine.adapters),
         "in_flight": engine.load.in_flight,
+        "awaiting_first_byte": engine.load.awaiting,
         "requests": engine.load.requests,
         "failures": engine.load.failures,
         "running": engine.load.running,

@@ -5,7 +5,8 @@ this request's first token, is
 
     (prompt - tokens it holds cached)      what it must prefill of this request
   + load.prefill_queued                    uncached prompt tokens we sent it, not yet answered
-  + waiting_tokens * load.waiting          scraped requests queued on it (every router's)
+  + waiting_tokens * max(load.waiting,     requests queued on it: scraped (every router's),
+                         load.awaiting)      or ours with no first byte yet, if more
   + prompt * fullness                      KV usage past `full_usage`: it would evict or wait
 
 and an engine is chosen by that plus `(miss_weight - 1) * (prompt - cached)`: a
@@ -13,6 +14,12 @@ miss also costs later, since the blocks it caches evict as many others' cached
 blocks, which someone will prefill again. Without it the choice is greedy for
 this request's TTFT and spreads each prompt over the fleet, which then holds
 fewer distinct prefixes (bench/RESULTS.md has the hit rates of both).
+
+`load.awaiting` is what the router sees between two scrapes: an engine that
+stopped answering while its probes pass (and its metrics show nothing queued)
+grows it with every request sent there, so its cached prefix stops drawing
+them after a few (`proxy/stalls.py` then moves those off it). Our own waiting
+requests are in the scraped count too: the larger of the two counts, not both.
 
 The cached part comes from the engine's index (`KvIndexView.match` over the
 request's block keys); an engine whose index is not usable (stale, off) counts
@@ -75,7 +82,8 @@ class KvRouting:
 
 def ttft_cost(prompt: int, cached: int, load: EngineLoad, routing: KvRouting) -> float:
     """An engine's predicted time to first token for a request, in prompt tokens."""
-    cost = prompt - cached + load.prefill_queued + routing.waiting_tokens * load.waiting
+    waiting = load.waiting if load.waiting > load.awaiting else load.awaiting
+    cost = prompt - cached + load.prefill_queued + routing.waiting_tokens * waiting
     usage = load.kv_usage
     if usage is not None and usage > routing.full_usage:
         cost += prompt * min(1.0, (usage - routing.full_usage) / (1.0 - routing.full_usage))

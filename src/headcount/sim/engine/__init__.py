@@ -27,6 +27,9 @@ Failure modes (`FailMode`), switchable at runtime, also over `POST /sim/fail-mod
   connects get ECONNREFUSED; any other mode listens again on the same port.
 - `hang`: every non-admin endpoint (including `/health` and `/metrics`) and
   every running stream stops answering until the mode changes.
+- `stall`: completions and embeddings stop (new ones never answer, running
+  streams send nothing more) while `/health`, `/metrics` and `/v1/models` still
+  answer: a wedged engine loop behind a live HTTP server, which probes cannot see.
 - `die-mid-stream`: streams send two chunks, then the connection is closed
   without the terminating chunk; non-streaming generation requests get the
   connection closed without a response.

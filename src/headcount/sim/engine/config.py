@@ -10,7 +10,7 @@ from headcount.sim.engine.kv_events_config import KvEventsConfig
 
 __all__ = ["FAIL_MODES", "EngineSimConfig", "FailMode"]
 
-FailMode = Literal["none", "refuse", "hang", "die-mid-stream", "http-500"]
+FailMode = Literal["none", "refuse", "hang", "stall", "die-mid-stream", "http-500"]
 FAIL_MODES: tuple[FailMode, ...] = get_args(FailMode)
 
 

@@ -63,7 +63,7 @@ class OpenAiApi:
 
     async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         with self._state.in_flight_request():
-            refusal = await self._state.failures.refusal()
+            refusal = await self._state.failures.refusal(generation=True)
             return refusal or await self._generate(request, kind)
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
@@ -138,14 +138,14 @@ class OpenAiApi:
         return not failures.dying(tokens)
 
     async def _pace(self, tokens: int) -> None:
-        """The time `tokens` tokens take to generate, stretched by a hang."""
+        """The time `tokens` tokens take to generate, stretched by a hang or a stall."""
         if self._state.config.token_delay and tokens:
             await self._state.timebase.sleep(self._state.config.token_delay * tokens)
-        await self._state.failures.wait_while_hung()
+        await self._state.failures.wait_while_stalled()
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         with self._state.in_flight_request():
-            refusal = await self._state.failures.refusal()
+            refusal = await self._state.failures.refusal(generation=True)
             return refusal or await self._embed(request)
 
     async def _embed(self, request: web.Request) -> web.Response:

@@ -1,7 +1,9 @@
 """A request's prompt as token ids for generation, `/tokenize` and render, refused as vLLM does.
 
 The ids come from `headcount.tokens.requests`, the code the router predicts
-them with; here a body it cannot tokenize becomes the engine's 400.
+them with; here a body it cannot tokenize becomes the engine's 400, and text it
+cannot encode (a lone surrogate) its 500, an error of vLLM's shape: vLLM too
+answers 500 for some inputs it cannot handle, and never with a traceback.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from headcount.sim.engine.wire import bad_request
+from headcount.sim.engine.wire import RequestError, bad_request
 from headcount.tokens import ChatTokenizer, TokenizerError
 from headcount.tokens import requests as _requests
 
@@ -38,3 +40,5 @@ def _refusing(compute: Callable[[], _T]) -> _T:
         return compute()
     except TokenizerError as exc:
         raise bad_request(str(exc)) from None
+    except UnicodeEncodeError as exc:
+        raise RequestError(500, f"cannot encode the prompt: {exc}", "InternalServerError") from None

@@ -1,0 +1,120 @@
+"""The stall watch's decisions, without I/O: when an engine counts as stalled, and what follows.
+
+The watch's ticks are run by hand (a loop that only records `call_later`):
+an engine is stalled once the same request has waited a whole timeout (two
+ticks) and the engine sent no response head meanwhile; a head to any request,
+or the oldest request leaving, keeps it in rotation; the watch stops when
+nothing waits. The proxy's side is tests/process/test_stalls.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from headcount.config import OutlierSettings
+from headcount.fleet import Fleet
+from headcount.proxy.stalls import Sample, StallWatch, stalled
+from headcount.surfaces.metrics import Metrics
+from tests.support import ready_fleet, spec
+
+TIMEOUT = 30.0
+
+
+class Ticks:
+    """Stands in for the event loop: keeps what `call_later` was asked to run."""
+
+    def __init__(self) -> None:
+        self.due: list[tuple[float, Callable[..., None], tuple[Any, ...]]] = []
+
+    def call_later(self, delay: float, callback: Callable[..., None], *args: Any) -> None:
+        self.due.append((delay, callback, args))
+
+    def run(self) -> float:
+        delay, callback, args = self.due.pop(0)
+        callback(*args)
+        return delay
+
+
+class Request:
+    """A waiting request: told when its engine stalls, it stops waiting (fails over)."""
+
+    def __init__(self, waiting: dict[Any, None]) -> None:
+        self.waiting = waiting
+        self.told: list[str] = []
+        waiting[self] = None
+
+    def stalled(self, message: str) -> None:
+        self.told.append(message)
+        del self.waiting[self]
+
+
+def watched() -> tuple[StallWatch, Fleet, dict[str, dict[Any, None]], Ticks]:
+    fleet = ready_fleet(spec("a"), outliers=OutlierSettings())
+    waiting: dict[str, dict[Any, None]] = {"a": {}}
+    watch = StallWatch(TIMEOUT, waiting, fleet, Metrics(lambda: fleet.snapshot))
+    return watch, fleet, waiting, Ticks()
+
+
+def test_stalled_needs_the_same_oldest_request_and_no_head_since() -> None:
+    oldest, other = object(), object()
+    assert stalled(Sample(oldest, 7), Sample(oldest, 7))
+    assert not stalled(Sample(oldest, 7), Sample(oldest, 8)), "a head to anyone"
+    assert not stalled(Sample(oldest, 7), Sample(other, 7)), "the oldest left: newer waits"
+    assert not stalled(Sample(None, 7), Sample(None, 7)), "nothing waits"
+
+
+def test_requests_waiting_a_whole_timeout_on_a_silent_engine_move_and_it_is_ejected() -> None:
+    watch, fleet, waiting, ticks = watched()
+    engine = fleet.snapshot.by_id["a"]
+    first, second = Request(waiting["a"]), Request(waiting["a"])
+    watch.watch(engine, ticks)  # type: ignore[arg-type]
+    assert ticks.run() == TIMEOUT / 2 and not first.told, "half a timeout proves nothing"
+    ticks.run()
+    assert first.told == second.told == ["engine a stalled: no response byte to any request in 30s"]
+    assert "a" in fleet.snapshot.ejected and fleet.snapshot.by_id["a"].ejection.reason == "stalled"
+    assert ticks.due == [], "nothing waits: the watch stops"
+
+
+def test_an_engine_answering_anyone_is_not_stalled() -> None:
+    watch, fleet, waiting, ticks = watched()
+    engine = fleet.snapshot.by_id["a"]
+    long = Request(waiting["a"])
+    watch.watch(engine, ticks)  # type: ignore[arg-type]
+    for _ in range(6):
+        engine.load.answered += 1  # others' heads keep coming: a long prefill, not a stall
+        ticks.run()
+    assert long.told == [] and fleet.snapshot.ejected == frozenset()
+    ticks.run()
+    ticks.run()  # silent for a whole timeout now
+    assert long.told != []
+
+
+def test_watching_twice_is_one_watch_and_it_ends_with_the_wait() -> None:
+    watch, fleet, waiting, ticks = watched()
+    engine = fleet.snapshot.by_id["a"]
+    request = Request(waiting["a"])
+    watch.watch(engine, ticks)  # type: ignore[arg-type]
+    watch.watch(engine, ticks)  # type: ignore[arg-type]
+    assert len(ticks.due) == 1
+    del waiting["a"][request]
+    ticks.run()
+    assert ticks.due == []
+    watch.watch(engine, ticks)  # type: ignore[arg-type]
+    assert len(ticks.due) == 1, "waiting again: watched again"
+
+
+def test_an_engine_removed_and_added_again_is_watched_from_scratch() -> None:
+    watch, fleet, waiting, ticks = watched()
+    old = fleet.snapshot.by_id["a"]
+    request = Request(waiting["a"])
+    watch.watch(old, ticks)  # type: ignore[arg-type]
+    ticks.run()
+    fleet.remove("a")
+    fleet.reconcile("static", [old.spec])  # a new engine under the same id, a new load
+    assert fleet.snapshot.by_id["a"].load is not old.load
+    ticks.run()
+    ticks.run()
+    assert request.told == [], "a whole timeout of the new engine has not passed"
+    ticks.run()
+    assert request.told != []
