@@ -241,6 +241,17 @@ async def test_any_failure_of_an_engines_tokenize_is_none(
     assert (turns.choose([asked]) is None) is blamed
 
 
+async def test_an_answer_in_the_second_half_of_the_timeout_is_used_but_skips_turns(
+    upstreams: Upstreams,
+) -> None:
+    turns = TokenizeTurns()
+    asker = EngineTokenize(upstreams, Credentials(), turns, timeout=0.6, answer_max=4096)
+    async with raw_engine(answering(OK, b'{"tokens":[1,2]}', 0.4)) as engine:
+        asked = target(engine.url)
+        assert await ask(asker, asked, CHAT) == [1, 2]
+    assert turns.choose([asked]) is None
+
+
 async def test_an_engine_that_is_not_there_is_none(upstreams: Upstreams) -> None:
     asker = EngineTokenize(upstreams, Credentials(), TokenizeTurns(), timeout=1.0, answer_max=4096)
     assert await ask(asker, target("http://127.0.0.1:9"), CHAT) is None

@@ -11,7 +11,10 @@
   reports, skipping those that failed lately) on the proxy's keep-alive pools,
   within `timeout`, with the `Authorization` a forwarded request carries (the
   engine key, or the client's when the router has no keys). Any failure gives
-  None: the request is routed by load, never failed for tokenizing.
+  None: the request is routed by load, never failed for tokenizing. An answer
+  that takes over half of `timeout` is used, but counts as a failure for the
+  engine's turns: one answering just in time would tax its turns nearly as
+  much as one never answering.
 
 What an engine answers is bounded by what the request could tokenize to: a
 body of B bytes renders to at most B + `TEMPLATE_TOKENS` tokens (a token
@@ -154,6 +157,8 @@ class EngineTokenize:
         if engine is None:
             return None
         most = body_size + TEMPLATE_TOKENS
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             answer = await self._call(engine, asked, authorization, most)
         except BaseException:
@@ -166,7 +171,10 @@ class EngineTokenize:
         if tokens is None:
             turns.failed(engine)
             return None
-        turns.answered(engine)
+        if loop.time() - started > self._timeout / 2:
+            turns.failed(engine)  # just in time: as much a tax on its turns as a timeout
+        else:
+            turns.answered(engine)
         length = context_length(engine, body["model"])
         return None if length is not None and len(tokens) > length else tokens
 

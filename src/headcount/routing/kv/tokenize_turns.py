@@ -4,8 +4,8 @@ An engine is any pod anyone can label, and what it reports of its own load is
 its word: choosing the tokenizing engine by the least reported load let one
 that reports none and never answers make every request wait out the tokenize
 timeout. So candidates take turns, and one whose `/tokenize` failed (timed
-out, broke the connection, answered something that is no prompt's ids) is
-left alone for a back-off: `BACKOFF_FIRST`, doubling with each failure in a
+out or nearly, broke the connection, answered something that is no prompt's
+ids) is left alone for a back-off: `BACKOFF_FIRST`, doubling with each failure in a
 row up to `BACKOFF_MAX`. When it is over, one request asks it again (a
 half-open circuit breaker): while that call is out, the others skip it; an
 answer forgives it, another failure doubles its back-off. An engine that
