@@ -175,7 +175,7 @@ class EngineTokenize:
             turns.failed(engine)  # just in time: as much a tax on its turns as a timeout
         else:
             turns.answered(engine)
-        length = context_length(engine, body["model"])
+        length = context_length(engine, asked["model"])
         return None if length is not None and len(tokens) > length else tokens
 
     async def _call(
