@@ -108,13 +108,18 @@ def tokenize_body(body: Mapping[str, Any], kind: PromptKind) -> dict[str, Any] |
 def context_length(engine: Engine, model: str) -> int | None:
     """`max_model_len` of `model` (an adapter's card has none: its base model's) as `engine`'s
     `/v1/models` cards give it, or None."""
-    cards = engine.cards
-    card = next((card for card in cards if card.get("id") == model), None)
-    if card is not None and "max_model_len" not in card:
-        parent = card.get("parent")
-        card = next((card for card in cards if card.get("id") == parent), None)
+    card = _card(engine.cards, model)
+    if card is not None and card.get("max_model_len") is None:
+        card = _card(engine.cards, card.get("parent"))
     length = None if card is None else card.get("max_model_len")
-    return length if isinstance(length, int) and not isinstance(length, bool) else None
+    return length if type(length) is int else None
+
+
+def _card(cards: Sequence[Mapping[str, Any]], model: object) -> Mapping[str, Any] | None:
+    for card in cards:
+        if card.get("id") == model:
+            return card
+    return None
 
 
 class EngineTokenize:
