@@ -17,7 +17,6 @@ from headcount.config import RoutingName
 from headcount.kvindex.keys import BlockKey, block_keys
 from headcount.routing import RequestFeatures, make_policy
 from headcount.routing.kv import KvAware, KvRequest, KvRouting
-from headcount.routing.kv.request import BLOCKS_PER_REQUEST
 from tests.support import engine
 
 BS = 4
@@ -214,26 +213,3 @@ def test_make_policy_builds_kv_aware_only_with_its_index() -> None:
     assert isinstance(built, KvAware) and built.name == "kv-aware"
     with pytest.raises(ValueError, match="kv-aware"):
         make_policy(RoutingName.KV_AWARE, affinity_epsilon=0.2)
-
-
-class KeyCountingIndex(FakeIndex):
-    """A `FakeIndex` that counts the block keys each `match` was given."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.keys_given = 0
-
-    def match(self, engine_id: str, keys: Sequence[BlockKey]) -> int | None:
-        self.keys_given += len(keys)
-        return super().match(engine_id, keys)
-
-
-def test_the_blocks_hashed_for_one_request_are_capped_whatever_block_size_engines_claim() -> None:
-    index = KeyCountingIndex()
-    index.sizes = {"a": 1, "b": 2, "c": 3}
-    prompt = list(range(450_000))
-    index.hold("a", prompt[:100])
-    request = KvRequest(index, MODEL, prompt)
-    cached = [request.cached(engine(name)) for name in ("a", "b", "c")]
-    assert cached[0] == 100
-    assert index.keys_given <= BLOCKS_PER_REQUEST  # over every block size claimed
