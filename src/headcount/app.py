@@ -255,15 +255,18 @@ def _policy(settings: Settings, kv: KvWiring | None) -> Policy:
     return make_policy(proxy.routing, affinity_epsilon=proxy.affinity_epsilon, kv=routing)
 
 
-async def load_router_tokenizer(setting: str | None) -> ChatTokenizer | None:
+async def load_router_tokenizer(
+    setting: str | None, cache_bytes: int = KvEventsSettings.tokenizer_cache_size
+) -> ChatTokenizer | None:
     """`--tokenizer`: None (ask the engines), the built-in one, or a directory's, read off the
-    event loop; a directory that cannot be loaded is a `ConfigError` in one line."""
+    event loop, keeping `cache_bytes` of encoded text; a directory that cannot be loaded is a
+    `ConfigError` in one line."""
     if setting is None:
         return None
     if setting == BUILTIN_TOKENIZER:
-        return builtin_tokenizer()
+        return builtin_tokenizer(cache_bytes)
     try:
-        return await asyncio.to_thread(load_tokenizer, setting)
+        return await asyncio.to_thread(load_tokenizer, setting, cache_bytes)
     except TokenizerError as exc:
         raise ConfigError(f"--tokenizer {setting}: {exc}") from None
 
@@ -276,7 +279,7 @@ async def build_kv_wiring(
     from headcount.kvindex.registry import KvIndexes
     from headcount.kvindex.subscriber import EventSubscriber
 
-    tokenizer = await load_router_tokenizer(settings.tokenizer)
+    tokenizer = await load_router_tokenizer(settings.tokenizer, settings.tokenizer_cache_size)
     indexes = KvIndexes(
         fleet,
         subscriber=functools.partial(

@@ -20,6 +20,7 @@ import aiohttp
 import openai
 import pytest
 
+from headcount.config import RoutingName
 from headcount.sim.engine import EngineSimConfig, running_engine
 from tests.support import EngineConnection, raw_engine, wait_until
 from tests.support.router import CHAT, CLIENT_KEY, HOST, MODEL, TIMEOUT, Running, router_before
@@ -272,6 +273,38 @@ async def test_engines_see_the_engine_key_and_never_the_client_key(
         probes = recording.authorizations(b"GET /v1/models")
         assert probes and all(probe == expected for probe in probes)
         assert all(CLIENT_KEY.encode() not in request for request in recording.requests)
+
+
+@pytest.mark.parametrize(
+    ("client_keys", "engine_key", "expected"),
+    [
+        pytest.param(CLIENT_KEY, ENGINE_KEY, [ENGINE_KEY], id="client-and-engine-keys"),
+        pytest.param(None, ENGINE_KEY, [ENGINE_KEY], id="engine-key"),
+        pytest.param(CLIENT_KEY, None, [], id="client-keys"),
+        pytest.param(None, None, [CLIENT_KEY], id="no-keys"),
+    ],
+)
+async def test_an_engine_tokenize_call_carries_what_a_forwarded_request_carries(
+    tmp_path: Path, client_keys: str | None, engine_key: str | None, expected: list[str]
+) -> None:
+    recording = RecordingEngine()
+    async with (
+        raw_engine(recording.script) as engine,
+        router_before(
+            [engine.url],
+            tmp_path,
+            client_keys=client_keys,
+            engine_key=engine_key,
+            routing=RoutingName.KV_AWARE,
+        ) as running,
+    ):
+        await routable(running)
+        auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
+        status, text, _ = await running.post("/v1/chat/completions", CHAT, auth)
+        assert status == 200, text
+    sent = [b"Bearer " + key.encode() for key in expected]
+    assert recording.authorizations(b"POST /tokenize ") == [sent]
+    assert recording.authorizations(b"POST /v1/chat/completions ") == [sent]
 
 
 async def test_a_client_authorization_passes_through_when_no_key_is_configured(

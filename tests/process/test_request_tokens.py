@@ -8,13 +8,15 @@ ran (`usage.prompt_tokens`); the cached tokens predicted from the router's own
 block keys over the engine's KV events equal what the engine reports it found
 cached. A repeated system prompt comes from the segment cache. An engine's
 `/tokenize` (no router tokenizer) gives the same ids, and any failure of it
-gives None, within its timeout and size cap.
+gives None, within its timeout and size cap; only the engine's own failures
+make it skip a turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.resources
+import json
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,11 +26,19 @@ import pytest
 
 from headcount._http.pool import PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
+from headcount.auth import Credentials
 from headcount.fleet import Engine
 from headcount.routing.kv import KvRequest
 from headcount.routing.kv.prompts import EngineTokenize
+from headcount.routing.kv.tokenize_turns import TokenizeTurns
 from headcount.sim.engine import EngineSimConfig, running_engine
-from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
+from headcount.tokens import (
+    ChatTokenizer,
+    PromptKind,
+    builtin_tokenizer,
+    load_tokenizer,
+    prompt_ids,
+)
 from tests.support import EngineConnection, engine, raw_engine
 from tests.support.kv_event_index import EventIndex
 
@@ -159,16 +169,25 @@ async def upstreams() -> AsyncIterator[Upstreams]:
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "hello there"}]}
 
 
+async def ask(
+    asker: EngineTokenize, engine: Engine, body: dict[str, Any], kind: PromptKind = "chat"
+) -> list[int] | None:
+    size = len(json.dumps(body))
+    return await asker.ids([engine], body, kind, body_size=size, authorization=None)
+
+
 async def test_an_engines_tokenize_gives_the_ids_the_router_would_compute(
     upstreams: Upstreams,
 ) -> None:
-    asker = EngineTokenize(upstreams, timeout=2.0, answer_max=1 << 20)
+    asker = EngineTokenize(
+        upstreams, Credentials(), TokenizeTurns(), timeout=2.0, answer_max=1 << 20
+    )
     tokenizer = builtin_tokenizer()
     completion = {"model": "sim-model", "prompt": ["say it"], "add_special_tokens": False}
     async with running_engine(EngineSimConfig()) as engine:
-        chat_ids = await asker.ids(target(engine.url), CHAT, "chat")
-        text_ids = await asker.ids(target(engine.url), completion, "completion")
-        given = await asker.ids(target(engine.url), {"prompt": [5, 6, 7]}, "completion")
+        chat_ids = await ask(asker, target(engine.url), CHAT)
+        text_ids = await ask(asker, target(engine.url), completion, "completion")
+        given = await ask(asker, target(engine.url), {"prompt": [5, 6, 7]}, "completion")
     assert chat_ids == prompt_ids(CHAT, "chat", tokenizer)
     assert text_ids == prompt_ids(completion, "completion", tokenizer)
     assert given == [5, 6, 7]
@@ -187,28 +206,52 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n"
 
 
 @pytest.mark.parametrize(
-    ("case", "head", "body", "delay"),
+    ("case", "head", "body", "delay", "blamed"),
     [
-        ("slow", OK, b'{"tokens":[1,2]}', 5.0),
-        ("oversize", OK, b'{"tokens":[' + b"1," * 4000 + b"1]}", 0.0),
+        ("slow", OK, b'{"tokens":[1,2]}', 5.0, True),
+        ("oversize", OK, b'{"tokens":[' + b"1," * 4000 + b"1]}", 0.0, True),
         (
             "refused",
             b"HTTP/1.1 400 Bad Request\r\ncontent-length: %d\r\n\r\n",
             b'{"tokens":[1]}',
             0.0,
+            False,
         ),
-        ("garbage", OK, b"not json", 0.0),
-        ("no tokens", OK, b'{"tokens":[]}', 0.0),
+        (
+            "failed on the request",
+            b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: %d\r\n\r\n",
+            b"{}",
+            0.0,
+            False,
+        ),
+        ("garbage", OK, b"not json", 0.0, True),
+        ("too deep", OK, b"[" * 2000 + b"]" * 2000, 0.0, True),
+        ("no tokens", OK, b'{"tokens":[]}', 0.0, True),
     ],
 )
 async def test_any_failure_of_an_engines_tokenize_is_none(
-    upstreams: Upstreams, case: str, head: bytes, body: bytes, delay: float
+    upstreams: Upstreams, case: str, head: bytes, body: bytes, delay: float, blamed: bool
 ) -> None:
-    asker = EngineTokenize(upstreams, timeout=0.3, answer_max=4096)
+    turns = TokenizeTurns()
+    asker = EngineTokenize(upstreams, Credentials(), turns, timeout=0.3, answer_max=4096)
     async with raw_engine(answering(head, body, delay)) as engine:
-        assert await asker.ids(target(engine.url), CHAT, "chat") is None
+        asked = target(engine.url)
+        assert await ask(asker, asked, CHAT) is None
+    # Only what is the engine's doing makes it skip its turns for a while.
+    assert (turns.choose([asked]) is None) is blamed
+
+
+async def test_an_answer_in_the_second_half_of_the_timeout_is_used_but_skips_turns(
+    upstreams: Upstreams,
+) -> None:
+    turns = TokenizeTurns()
+    asker = EngineTokenize(upstreams, Credentials(), turns, timeout=0.6, answer_max=4096)
+    async with raw_engine(answering(OK, b'{"tokens":[1,2]}', 0.4)) as engine:
+        asked = target(engine.url)
+        assert await ask(asker, asked, CHAT) == [1, 2]
+    assert turns.choose([asked]) is None
 
 
 async def test_an_engine_that_is_not_there_is_none(upstreams: Upstreams) -> None:
-    asker = EngineTokenize(upstreams, timeout=1.0, answer_max=4096)
-    assert await asker.ids(target("http://127.0.0.1:9"), CHAT, "chat") is None
+    asker = EngineTokenize(upstreams, Credentials(), TokenizeTurns(), timeout=1.0, answer_max=4096)
+    assert await ask(asker, target("http://127.0.0.1:9"), CHAT) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from headcount._http.handler import Request
 from headcount._http.pool import PoolOptions, Upstreams
@@ -75,6 +76,7 @@ def error_code(refused: Refused) -> str:
     return code
 
 
-def kv_aware(tokenizer: ChatTokenizer | None) -> Policy:
-    routing = KvRouting(index=EventIndex(4), tokenizer=tokenizer)
+def kv_aware(tokenizer: ChatTokenizer | None, **options: Any) -> Policy:
+    """The `kv-aware` policy over an empty index; `options`: `KvRouting`'s."""
+    routing = KvRouting(index=EventIndex(4), tokenizer=tokenizer, **options)
     return make_policy(RoutingName.KV_AWARE, affinity_epsilon=0.5, kv=routing)

@@ -17,12 +17,14 @@ from pathlib import Path
 import aiohttp
 import openai
 
-from headcount.app import Router, build_sources
+from headcount.app import Router, build_kv_wiring, build_sources
 from headcount.config import (
     AuthSettings,
     DiscoverySettings,
     HealthSettings,
     ProbeSettings,
+    ProxySettings,
+    RoutingName,
     ServerSettings,
     Settings,
 )
@@ -91,6 +93,7 @@ async def router_before(
     engine_key: str | None = None,
     admin: bool = False,
     drain_timeout: float = 5.0,
+    routing: RoutingName = RoutingName.ROUND_ROBIN,
 ) -> AsyncIterator[Running]:
     keys_file, engine_key_file = tmp_path / "client-keys", tmp_path / "engine-key"
     if client_keys is not None:
@@ -101,6 +104,7 @@ async def router_before(
     settings = Settings(
         server=ServerSettings(host=HOST, port=port, admin_port=admin_port if admin else None),
         discovery=DiscoverySettings(backends=tuple(backends)),
+        proxy=ProxySettings(routing=routing),
         probe=ProbeSettings(interval=0.1, timeout=2.0),
         health=HealthSettings(drain_delay=0.0, drain_timeout=drain_timeout),
         auth=AuthSettings(
@@ -110,7 +114,10 @@ async def router_before(
         ),
     )
     fleet = Fleet(unhealthy_after=1)
-    router = Router(settings, fleet, await build_sources(settings, fleet))
+    kv = None
+    if routing is RoutingName.KV_AWARE:
+        kv = await build_kv_wiring(settings.kv_events, fleet)
+    router = Router(settings, fleet, await build_sources(settings, fleet), kv)
     url = f"http://{HOST}:{port}"
     admin_url = f"http://{HOST}:{admin_port}" if admin else url
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:

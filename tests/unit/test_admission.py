@@ -23,7 +23,8 @@ from headcount.routing import (
     session_key,
 )
 from headcount.surfaces.metrics import UNKNOWN_MODEL
-from headcount.tokens import builtin_tokenizer
+from headcount.tokens import ChatTokenizer, builtin_tokenizer
+from headcount.tokens.builtin import CHATML_TEMPLATE, BuiltinVocabulary
 from tests.support import engine
 from tests.support.admission import (
     SETTINGS,
@@ -174,3 +175,24 @@ def test_kv_aware_with_the_router_tokenizer_is_admitted_at_once_with_the_prompt_
     decision = admit(request(chat()), FLEET, kv_aware(builtin_tokenizer()))
     assert isinstance(decision, Admitted)
     assert decision.features.kv is not None and decision.features.kv.ids
+
+
+class CountingVocabulary(BuiltinVocabulary):
+    """The built-in vocabulary, counting the texts it encodes."""
+
+    encoded = 0
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        self.encoded += 1
+        return super().encode(text, add_special_tokens)
+
+
+def test_kv_aware_refuses_a_model_nobody_serves_before_any_tokenizing() -> None:
+    vocabulary = CountingVocabulary()
+    tokenizer = ChatTokenizer(vocabulary, {"default": CHATML_TEMPLATE}, {}, name="counted")
+    vocabulary.encoded = 0
+    for policy in (kv_aware(tokenizer), kv_aware(None)):
+        decision = admit(request(chat("other")), FLEET, policy)
+        assert vocabulary.encoded == 0
+        assert isinstance(decision, Refused), decision  # no engine's /tokenize awaited either
+        assert decision.answer.status == 404 and error_code(decision) == "model_not_found"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import random
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ from headcount.tokens import (
     builtin_tokenizer,
     load_tokenizer,
 )
+from headcount.tokens.builtin import CHATML_TEMPLATE as BUILTIN_TEMPLATE
+from headcount.tokens.builtin import BuiltinVocabulary
+from headcount.tokens.chat import SEGMENT_CACHE_BYTES
 
 CHATS = 300
 FRAGMENTS = (
@@ -578,3 +582,23 @@ def test_text_is_not_cut_where_a_longer_added_token_overlaps(
             ours.encode(text, add_special_tokens=False)
             == hf.encode(text, add_special_tokens=False).ids
         )
+
+
+def test_distinct_chats_leave_no_more_than_the_cache_bound_behind() -> None:
+    # A fresh tokenizer with the default bound; each chat holds one long word and many short
+    # ones, all distinct from the other chats': what the caches keep is all that stays (before
+    # they were bounded in bytes: 70 MiB).
+    tokenizer = ChatTokenizer(
+        BuiltinVocabulary(), {"default": BUILTIN_TEMPLATE}, {"eos_token": "<|im_end|>"}, name="t"
+    )
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(600):
+            content = f"{n:08x}" * 8192 + "".join(f" w{n}x{k}" for k in range(300))
+            tokenizer.chat_ids([{"role": "user", "content": content}])
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # The segment cache's bound, and the built-in vocabulary's cache of short pieces (10 MiB).
+    assert held < SEGMENT_CACHE_BYTES + 10 * 2**20, f"{held / 2**20:.0f} MiB held"

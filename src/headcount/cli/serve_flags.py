@@ -438,6 +438,13 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
             kv_d.tokenize_timeout,
         ),
     )
+    kv.add_argument(
+        "--tokenizer-cache-size",
+        type=parse_size,
+        default=kv_d.tokenizer_cache_size,
+        help="most bytes of encoded text --tokenizer keeps for repeated prompts "
+        f"(default {format_size(kv_d.tokenizer_cache_size)})",
+    )
 
 
 def _pinned_names(text: str) -> tuple[tuple[str, str], ...]:
@@ -528,5 +535,6 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             budget=ns.kv_events_budget,
             tokenizer=ns.tokenizer,
             tokenize_timeout=ns.tokenize_timeout,
+            tokenizer_cache_size=ns.tokenizer_cache_size,
         ),
     )

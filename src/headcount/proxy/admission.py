@@ -19,7 +19,8 @@ its token ids come first (`routing.kv.prompts`), from the router's tokenizer on
 the loop for a body up to `KvRouting.inline_tokenize_max`, else from one
 candidate's `POST /tokenize` (a `Later`); a body with no ids to be had (read
 by a worker, too large to tokenize on the loop, or no answer from the engine)
-is routed by load.
+is routed by load. Tokenizing costs; a request no engine takes is refused
+before any (the key is checked before admission, by the data plane).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, NamedTuple
 
 from headcount._http.handler import Request
 from headcount._http.pool import Upstreams
+from headcount.auth import Credentials
 from headcount.config import ProxySettings
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.proxy import payload
@@ -47,9 +49,10 @@ from headcount.proxy.errors import (
 )
 from headcount.proxy.headers import find_header
 from headcount.proxy.parsepool import ParsePool
-from headcount.routing import LeastLoaded, Policy, RequestFeatures
+from headcount.routing import Policy, RequestFeatures
 from headcount.routing.kv import KvAware
 from headcount.routing.kv.prompts import EngineTokenize, local_ids
+from headcount.routing.kv.tokenize_turns import TokenizeTurns
 from headcount.surfaces.metrics import UNKNOWN_MODEL
 from headcount.tokens import PromptKind
 
@@ -80,16 +83,26 @@ class Admission:
     """Every proxied request's way to an engine; see the module docstring."""
 
     def __init__(
-        self, fleet: Fleet, policy: Policy, settings: ProxySettings, upstreams: Upstreams
+        self,
+        fleet: Fleet,
+        policy: Policy,
+        settings: ProxySettings,
+        upstreams: Upstreams,
+        credentials: Credentials | None = None,
     ) -> None:
         """Routes within `fleet`'s snapshot with `policy`; large bodies are read by a pool of
-        `settings.parse_workers`; `upstreams` carry the `kv-aware` policy's `/tokenize`."""
+        `settings.parse_workers`; `upstreams` carry the `kv-aware` policy's `/tokenize`, with
+        the `Authorization` `credentials` give forwarded requests (None: the client's)."""
         self._fleet = fleet
         self._policy = policy
         self._inline_parse_max = settings.inline_parse_max
         self._parser = ParsePool(settings.parse_workers, settings.parse_worker_memory)
         self._kv = policy if isinstance(policy, KvAware) else None
-        self._prompts = None if self._kv is None else _Prompts(self._kv, upstreams)
+        self._prompts = (
+            None
+            if self._kv is None
+            else _Prompts(self._kv, upstreams, credentials or Credentials())
+        )
 
     def admit(self, request: Request) -> Admitted | Refused | Later:
         """Route `request` now, or say what to await for its route."""
@@ -147,6 +160,18 @@ def _route(
     candidates = snapshot.candidates(model)
     if not candidates:
         return Refused(*unroutable(snapshot, model))
+    return _select(model, key, candidates, policy, kv, prompt)
+
+
+def _select(
+    model: str,
+    key: str | None,
+    candidates: Sequence[Engine],
+    policy: Policy,
+    kv: KvAware | None,
+    prompt: Sequence[int] | None,
+) -> Admitted | Refused:
+    """The policy's choice among `candidates` (not empty) for `model`."""
     features = RequestFeatures(model, key, None if kv is None else kv.request(model, prompt))
     engine = policy.select(candidates, features)
     if engine is None:
@@ -163,38 +188,55 @@ _PROMPT_KINDS: dict[bytes, PromptKind] = {
 class _Prompts:
     """The `kv-aware` policy's part of admission: the prompt's token ids, then the policy."""
 
-    def __init__(self, kv: KvAware, upstreams: Upstreams) -> None:
+    def __init__(self, kv: KvAware, upstreams: Upstreams, credentials: Credentials) -> None:
         routing = kv.routing
         self._kv = kv
         self._tokenizer = routing.tokenizer
         self._inline_max = routing.inline_tokenize_max
         self._engines = EngineTokenize(
-            upstreams, timeout=routing.tokenize_timeout, answer_max=routing.tokenize_answer_max
+            upstreams,
+            credentials,
+            TokenizeTurns(),
+            timeout=routing.tokenize_timeout,
+            answer_max=routing.tokenize_answer_max,
         )
-        self._least_loaded = LeastLoaded()
 
     def admit(self, request: Request, fleet: Fleet) -> Admitted | Refused | Later:
-        """Route a body small enough to read here, asking an engine for its ids if need be."""
-        kv, body = self._kv, payload.parse_request(request.body)
+        """Route a body small enough to read here, asking an engine for its ids if need be;
+        a model no engine takes is refused before any tokenizing."""
+        kv, body, snapshot = self._kv, payload.parse_request(request.body), fleet.snapshot
         if isinstance(body, str):
-            return _route(body, fleet.snapshot, kv, kv)
+            return _REFUSALS[body]
+        model: str = body["model"]
+        candidates = snapshot.candidates(model)
+        if not candidates:
+            return Refused(*unroutable(snapshot, model))
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
-            return _route((body["model"], None), fleet.snapshot, kv, kv)
+            return _select(model, None, candidates, kv, kv, None)
         tokenizer = self._tokenizer
         if tokenizer is None:
-            return Later(self._asked(body, kind, fleet))
+            return Later(self._asked(body, kind, candidates, request, fleet))
         ids = None
         if len(request.body) <= self._inline_max:
             ids = local_ids(body, kind, tokenizer)
-        return _route((body["model"], None), fleet.snapshot, kv, kv, ids)
+        return _select(model, None, candidates, kv, kv, ids)
 
     async def _asked(
-        self, body: dict[str, Any], kind: PromptKind, fleet: Fleet
+        self,
+        body: dict[str, Any],
+        kind: PromptKind,
+        candidates: Sequence[Engine],
+        request: Request,
+        fleet: Fleet,
     ) -> Admitted | Refused:
-        """Route after asking the least-loaded candidate for the prompt's ids."""
-        model: str = body["model"]
-        candidates = fleet.snapshot.candidates(model)
-        engine = self._least_loaded.select(candidates, RequestFeatures(model))
-        ids = None if engine is None else await self._engines.ids(engine, body, kind)
-        return _route((model, None), fleet.snapshot, self._kv, self._kv, ids)
+        """Route after asking one of `candidates` for the prompt's ids (the fleet may have
+        changed meanwhile: routed within its snapshot then)."""
+        ids = await self._engines.ids(
+            candidates,
+            body,
+            kind,
+            body_size=len(request.body),
+            authorization=find_header(request.headers, b"authorization"),
+        )
+        return _route((body["model"], None), fleet.snapshot, self._kv, self._kv, ids)

@@ -146,7 +146,7 @@ class Proxy:
                 dial=dial,
             )
         )
-        self._admission = Admission(fleet, policy, settings, self.upstreams)
+        self._admission = Admission(fleet, policy, settings, self.upstreams, self._credentials)
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,

@@ -43,10 +43,24 @@ _SPECIAL = re.compile("(" + "|".join(re.escape(token) for token in SPECIAL_TOKEN
 _PIECE = re.compile(r" ?\w+| ?[^\w\s]+|\s+")
 
 
-@functools.lru_cache(maxsize=1 << 16)
+_CACHED_PIECE = 16
+"""Pieces up to this many characters have their ids cached: nearly every English word, so
+the cache saves most hashing, and 32,768 entries of at most ~300 bytes each (a 16-character
+str of 4-byte characters, its id, the LRU's link) bound it to under 10 MiB."""
+
+
 def _piece_id(piece: str) -> int:
+    if len(piece) <= _CACHED_PIECE:
+        return _short_piece_id(piece)
+    return _hashed_id(piece)
+
+
+def _hashed_id(piece: str) -> int:
     digest = hashlib.blake2b(piece.encode(), digest_size=8).digest()
     return len(SPECIAL_TOKENS) + int.from_bytes(digest, "big") % (VOCAB_SIZE - len(SPECIAL_TOKENS))
+
+
+_short_piece_id = functools.lru_cache(maxsize=1 << 15)(_hashed_id)
 
 
 class BuiltinVocabulary:

@@ -14,15 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypedDict, Unpack
 
+from headcount.config import KvEventsSettings
 from headcount.tokens.errors import ChatTemplateError
 from headcount.tokens.segments import Segments
 from headcount.tokens.template import ChatTemplate
 from headcount.tokens.vocabulary import Vocabulary
 
-__all__ = ["ChatOptions", "ChatTokenizer"]
+__all__ = ["SEGMENT_CACHE_BYTES", "ChatOptions", "ChatTokenizer"]
 
-_SEGMENT_CACHE = 4096
-"""Distinct pieces of text kept encoded: a few thousand tenants' system prompts."""
+SEGMENT_CACHE_BYTES = KvEventsSettings.tokenizer_cache_size
+"""Bytes of encoded pieces of text kept by default (`Segments`), the router's default."""
 _RESERVED_KWARGS = frozenset({"tokenize", "chat_template", "messages", "add_generation_prompt"})
 
 
@@ -47,9 +48,10 @@ class ChatTokenizer:
         special_tokens: Mapping[str, str],
         *,
         name: str,
+        cache_bytes: int = SEGMENT_CACHE_BYTES,
     ) -> None:
         """`templates` by name: "default", and "tool_use" for requests with tools, as
-        transformers picks them."""
+        transformers picks them; `cache_bytes` bounds the encoded pieces kept."""
         if "default" not in templates:
             raise ChatTemplateError("a tokenizer needs a default chat template")
         self.name = name
@@ -62,7 +64,7 @@ class ChatTokenizer:
             for token in vocabulary.added_tokens
             if any(token.content in source for source in templates.values())
         }
-        self._segments = Segments(vocabulary, wanted | set(special_tokens.values()), _SEGMENT_CACHE)
+        self._segments = Segments(vocabulary, wanted | set(special_tokens.values()), cache_bytes)
 
     def render(self, messages: Sequence[object], **options: Unpack[ChatOptions]) -> str:
         """The chat's text, as the model's template writes it."""

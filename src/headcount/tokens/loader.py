@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headcount.tokens.builtin import CHATML_TEMPLATE, BuiltinVocabulary
-from headcount.tokens.chat import ChatTokenizer
+from headcount.tokens.chat import SEGMENT_CACHE_BYTES, ChatTokenizer
 from headcount.tokens.errors import TokenizerError
 from headcount.tokens.vocabulary import HfVocabulary
 
@@ -35,22 +35,30 @@ _SPECIAL_NAMES = (
 )
 
 
+def builtin_tokenizer(cache_bytes: int = SEGMENT_CACHE_BYTES) -> ChatTokenizer:
+    """The built-in tokenizer with the ChatML template (`headcount.tokens.builtin`), one per
+    bound on its cache."""
+    return _builtin(cache_bytes)
+
+
 @functools.cache
-def builtin_tokenizer() -> ChatTokenizer:
-    """The built-in tokenizer with the ChatML template (`headcount.tokens.builtin`)."""
+def _builtin(cache_bytes: int) -> ChatTokenizer:
     return ChatTokenizer(
         BuiltinVocabulary(),
         {"default": CHATML_TEMPLATE},
         {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
         name="builtin",
+        cache_bytes=cache_bytes,
     )
 
 
-def load_tokenizer(directory: str | Path | None) -> ChatTokenizer:
-    """The tokenizer in `directory`, or the built-in one for None; reads files, so call it
-    off the event loop."""
+def load_tokenizer(
+    directory: str | Path | None, cache_bytes: int = SEGMENT_CACHE_BYTES
+) -> ChatTokenizer:
+    """The tokenizer in `directory`, or the built-in one for None, keeping at most
+    `cache_bytes` of encoded text; reads files, so call it off the event loop."""
     if directory is None:
-        return builtin_tokenizer()
+        return builtin_tokenizer(cache_bytes)
     root = Path(directory)
     try:
         spec = (root / "tokenizer.json").read_text(encoding="utf-8")
@@ -65,7 +73,7 @@ def load_tokenizer(directory: str | Path | None) -> ChatTokenizer:
         for name in _SPECIAL_NAMES
         if (text := _token_text(config.get(name, special_map.get(name)))) is not None
     }
-    return ChatTokenizer(vocabulary, templates, special, name=str(root))
+    return ChatTokenizer(vocabulary, templates, special, name=str(root), cache_bytes=cache_bytes)
 
 
 def _json_object(path: Path) -> dict[str, Any]:

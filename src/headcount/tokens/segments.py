@@ -4,7 +4,11 @@ Tokenizing costs about a millisecond per thousand tokens, and a chat sent to a
 fleet repeats most of its text (a tenant's system prompt, a conversation's
 earlier turns). A tokenizer encodes the text between two added tokens on its
 own, so a rendered chat cut at those tokens encodes piece by piece to the same
-ids; the pieces are cached (LRU).
+ids; the pieces are cached, least recently used first out, within a bound in
+bytes: each entry counts its text's and its ids' sizes as Python holds them
+(`sys.getsizeof`) plus the cache's own bookkeeping, and the ids are kept as a
+4-byte `array`, not a list of Python ints (8 bytes of pointer plus a 32-byte
+object each). A piece larger than the whole bound is encoded, never kept.
 
 Text is cut only at the added tokens the chat template writes (plus the named
 special tokens), and only at those that are a `cut_point` and that no other
@@ -17,6 +21,8 @@ around the pieces; a tokenizer whose additions the probe cannot find is not cut.
 from __future__ import annotations
 
 import re
+import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -25,15 +31,20 @@ from headcount.tokens.vocabulary import Vocabulary
 __all__ = ["Segments"]
 
 _PROBE = "probe"
+_ENTRY_BYTES = 104
+"""What one cached piece costs beyond its text and ids: the ordered dict's slot and link."""
 
 
 class Segments:
     """A vocabulary's `encode`, cutting text at safe special tokens and caching the pieces."""
 
     def __init__(self, vocabulary: Vocabulary, wanted: Iterable[str], capacity: int) -> None:
+        """`capacity`: bytes the cached pieces may hold at most."""
         self._vocabulary = vocabulary
         self._capacity = capacity
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cache: OrderedDict[str, array[int]] = OrderedDict()
+        self.held = 0
+        """Bytes the cached pieces hold now, as counted against `capacity`."""
         contents = [token.content for token in vocabulary.added_tokens]
         allowed = {token.content for token in vocabulary.added_tokens if token.cut_point}
         cuts = sorted(
@@ -68,15 +79,26 @@ class Segments:
 
     def _piece(self, text: str) -> list[int]:
         cache = self._cache
-        ids = cache.get(text)
-        if ids is not None:
+        kept = cache.get(text)
+        if kept is not None:
             cache.move_to_end(text)
-            return ids
+            return kept.tolist()
         ids = self._vocabulary.encode(text, False)
-        cache[text] = ids
-        if len(cache) > self._capacity:
-            cache.popitem(last=False)
+        try:
+            kept = array("I", ids)
+        except OverflowError:  # an id over 2**32 - 1: no tokenizer has one
+            return ids
+        size = _cost(text, kept)
+        if size <= self._capacity:
+            cache[text] = kept
+            self.held += size
+            while self.held > self._capacity:
+                self.held -= _cost(*cache.popitem(last=False))
         return ids
+
+
+def _cost(text: str, ids: array[int]) -> int:
+    return sys.getsizeof(text) + sys.getsizeof(ids) + _ENTRY_BYTES
 
 
 def _cuts_alone(token: str, contents: list[str]) -> bool:

@@ -7,10 +7,24 @@
   size fresh text could hold the loop for more than a few milliseconds, so the
   request is routed by load.
 - Without one: an engine's own `POST /tokenize` (vLLM's chat or completion
-  form), asked of one candidate on the proxy's keep-alive pools, within
-  `timeout` and reading at most `answer_max` bytes. Any failure (timeout,
-  refusal, a malformed or oversize answer, a connection error) gives None:
-  the request is routed by load, never failed for tokenizing.
+  form), asked of one candidate (`TokenizeTurns`: in turn, not by the load it
+  reports, skipping those that failed lately) on the proxy's keep-alive pools,
+  within `timeout`, with the `Authorization` a forwarded request carries (the
+  engine key, or the client's when the router has no keys). Any failure gives
+  None: the request is routed by load, never failed for tokenizing. An answer
+  that takes over half of `timeout` is used, but counts as a failure for the
+  engine's turns: one answering just in time would tax its turns nearly as
+  much as one never answering.
+
+What an engine answers is bounded by what the request could tokenize to: a
+body of B bytes renders to at most B + `TEMPLATE_TOKENS` tokens (a token
+covers at least one byte of the text, and JSON spends at least one byte per
+character; the template adds its own few), so an answer holding more ids than
+that, or longer than `ID_BYTES` per such id, is no prompt's ids: it is not
+read on, and the engine is counted as failing. An answer with more ids than
+the model's context length (`max_model_len` of its `/v1/models` card) is not
+used: vLLM's `/tokenize` does not check the context (the engine refuses the
+request itself), so it is not held against the engine.
 
 A completion prompt given as token ids is used as it is.
 """
@@ -19,17 +33,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from enum import Enum
 from typing import Any
 
 from headcount._http.errors import UpstreamError
 from headcount._http.pool import Upstreams
 from headcount._http.upstream import ResponseHead, UpstreamConnection
+from headcount.auth import Credentials
 from headcount.fleet import Engine
+from headcount.routing.kv.tokenize_turns import TokenizeTurns
 from headcount.tokens import ChatTokenizer, PromptKind, TokenizerError, prompt_ids
 from headcount.tokens.requests import completion_prompt
 
-__all__ = ["EngineTokenize", "local_ids", "tokenize_body"]
+__all__ = [
+    "ID_BYTES",
+    "TEMPLATE_TOKENS",
+    "EngineTokenize",
+    "context_length",
+    "local_ids",
+    "tokenize_body",
+]
+
+TEMPLATE_TOKENS = 4096
+"""Tokens a chat template may add to a body's own text: its markers and fixed text (tool
+instructions, a default system prompt), generously."""
+ID_BYTES = 12
+"""Bytes of a `/tokenize` answer per id at most: ten digits, a comma and a space."""
+_ANSWER_OVERHEAD = 1024
+"""Bytes of a `/tokenize` answer besides its ids (`count`, `max_model_len`, ...)."""
 
 _CHAT_FIELDS = (
     "messages",
@@ -73,24 +105,91 @@ def tokenize_body(body: Mapping[str, Any], kind: PromptKind) -> dict[str, Any] |
     return asked
 
 
+def context_length(engine: Engine, model: str) -> int | None:
+    """`max_model_len` of `model` (an adapter's card has none: its base model's) as `engine`'s
+    `/v1/models` cards give it, or None."""
+    card = _card(engine.cards, model)
+    if card is not None and card.get("max_model_len") is None:
+        card = _card(engine.cards, card.get("parent"))
+    length = None if card is None else card.get("max_model_len")
+    return length if type(length) is int else None
+
+
+def _card(cards: Sequence[Mapping[str, Any]], model: object) -> Mapping[str, Any] | None:
+    for card in cards:
+        if card.get("id") == model:
+            return card
+    return None
+
+
 class EngineTokenize:
     """Asks engines' `POST /tokenize`, on the proxy's keep-alive connections."""
 
-    def __init__(self, upstreams: Upstreams, *, timeout: float, answer_max: int) -> None:
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        credentials: Credentials,
+        turns: TokenizeTurns,
+        *,
+        timeout: float,
+        answer_max: int,
+    ) -> None:
+        """`credentials` are read at each call (a reloaded engine key is used at once); `turns`
+        chooses the engine asked and hears how each call ended."""
         self._upstreams = upstreams
+        self._credentials = credentials
+        self._turns = turns
         self._timeout = timeout
         self._answer_max = answer_max
 
     async def ids(
-        self, engine: Engine, body: Mapping[str, Any], kind: PromptKind
+        self,
+        candidates: Sequence[Engine],
+        body: Mapping[str, Any],
+        kind: PromptKind,
+        *,
+        body_size: int,
+        authorization: bytes | None,
     ) -> list[int] | None:
-        """The prompt's ids as `engine` tokenizes them, or None (see the module docstring)."""
+        """The prompt's ids as the candidate whose turn it is tokenizes them, or None (see the
+        module docstring); `body_size`: the request body's bytes, `authorization`: the
+        client's `Authorization` value, if any."""
         asked = tokenize_body(body, kind)
         if not isinstance(asked, dict):
             return asked
+        turns = self._turns
+        engine = turns.choose(candidates)
+        if engine is None:
+            return None
+        most = body_size + TEMPLATE_TOKENS
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            answer = await self._call(engine, asked, authorization, most)
+        except BaseException:
+            turns.abandoned(engine)
+            raise
+        if answer is _Outcome.REFUSED:
+            turns.answered(engine)
+            return None
+        tokens = None if answer is _Outcome.FAILED else _tokens(answer, most)
+        if tokens is None:
+            turns.failed(engine)
+            return None
+        if loop.time() - started > self._timeout / 2:
+            turns.failed(engine)  # just in time: as much a tax on its turns as a timeout
+        else:
+            turns.answered(engine)
+        length = context_length(engine, asked["model"])
+        return None if length is not None and len(tokens) > length else tokens
+
+    async def _call(
+        self, engine: Engine, asked: dict[str, Any], authorization: bytes | None, most: int
+    ) -> bytes | _Outcome:
+        """The 200 answer's body, or how the call ended without one."""
         payload = json.dumps(asked, separators=(",", ":")).encode()
         pool = self._upstreams.pool(engine.id, engine.url)
-        answer = _Answer(self._answer_max)
+        answer = _Answer(min(self._answer_max, _ANSWER_OVERHEAD + ID_BYTES * most))
         conn: UpstreamConnection | None = None
         try:
             async with asyncio.timeout(self._timeout):
@@ -100,6 +199,7 @@ class EngineTokenize:
                         (
                             b"POST /tokenize HTTP/1.1\r\n",
                             pool.host_header,
+                            self._authorization(authorization),
                             b"content-type: application/json\r\n",
                             b"content-length: %d\r\n\r\n" % len(payload),
                             payload,
@@ -107,35 +207,47 @@ class EngineTokenize:
                     ),
                     answer,
                 )
-                raw = await answer.body
+                return await answer.body
         except (TimeoutError, UpstreamError):
-            raw = None
+            return _Outcome.FAILED
         finally:
             if conn is not None and not answer.complete:
                 conn.cancel()
-        return None if raw is None else _tokens(raw)
+
+    def _authorization(self, client: bytes | None) -> bytes:
+        """What a forwarded request would carry: the engine key's line, nothing when the
+        client's key is the router's, else the client's own."""
+        line = self._credentials.forward_authorization
+        if line is not None:
+            return line
+        return b"" if client is None else b"authorization: %s\r\n" % client
+
+
+class _Outcome(Enum):
+    REFUSED = "an answer other than 200 (its body is not read)"
+    FAILED = "no answer in time, a broken connection, or an answer over its bound"
 
 
 class _Answer:
-    """The `ResponseListener` of one `/tokenize` call: the 200 body, or None."""
+    """The `ResponseListener` of one `/tokenize` call: the 200 body, or how it ended."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._parts: list[bytes] = []
         self._size = 0
         self.complete = False
-        self.body: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self.body: asyncio.Future[bytes | _Outcome] = asyncio.get_running_loop().create_future()
 
     def on_response(self, head: ResponseHead | None, body: bytes, complete: bool) -> None:
         if self.body.done():
             return
         self.complete = complete
         if head is not None and head.status != 200:
-            self.body.set_result(None)
+            self.body.set_result(_Outcome.REFUSED)
             return
         self._size += len(body)
         if self._size > self._limit:
-            self.body.set_result(None)
+            self.body.set_result(_Outcome.FAILED)
             return
         self._parts.append(body)
         if complete:
@@ -144,18 +256,19 @@ class _Answer:
     def on_upstream_error(self, error: UpstreamError) -> None:
         self.complete = True  # the connection is closed already
         if not self.body.done():
-            self.body.set_result(None)
+            self.body.set_result(_Outcome.FAILED)
 
 
-def _tokens(raw: bytes) -> list[int] | None:
+def _tokens(raw: bytes, most: int) -> list[int] | None:
+    """The ids of a `/tokenize` answer, or None if it holds none, or more than `most`."""
     try:
         answer = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     tokens = answer.get("tokens") if isinstance(answer, dict) else None
     if (
         isinstance(tokens, list)
-        and tokens
+        and 0 < len(tokens) <= most
         and all(isinstance(item, int) and not isinstance(item, bool) for item in tokens)
     ):
         return tokens

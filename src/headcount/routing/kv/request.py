@@ -2,7 +2,9 @@
 
 A `KvRequest` travels in `RequestFeatures.kv`. The policy asks it what each
 candidate holds cached (`cached`: the engine's index matched against the
-prompt's block keys, computed once per block size and adapter); the exchange
+prompt's block keys, computed once per block size and adapter, at most
+`BLOCKS_PER_REQUEST` keys in all, whatever block sizes the engines claim and
+however many ids the prompt has: a hit deeper than that is not predicted); the exchange
 tells it when an attempt is dispatched (`dispatch`: the engine's
 `prefill_queued` grows by the uncached prompt tokens and the index hears
 `routed`) and when the engine's first byte arrives (`prefilled`).
@@ -22,7 +24,11 @@ from typing import Protocol
 from headcount.fleet import Engine
 from headcount.kvindex.keys import BlockKey, block_keys
 
-__all__ = ["KvIndexView", "KvRequest"]
+__all__ = ["BLOCKS_PER_REQUEST", "KvIndexView", "KvRequest"]
+
+BLOCKS_PER_REQUEST = 8192
+"""Block keys hashed for one request, over every block size its candidates have: 131,072
+tokens at vLLM's default 16 per block, about 2 ms of hashing whatever the block size."""
 
 
 class KvIndexView(Protocol):
@@ -46,7 +52,7 @@ class KvIndexView(Protocol):
 class KvRequest:
     """The prompt of one kv-aware request and what was predicted for it per engine."""
 
-    __slots__ = ("_index", "_keys", "ids", "model", "predicted")
+    __slots__ = ("_budget", "_index", "_keys", "ids", "model", "predicted")
 
     def __init__(self, index: KvIndexView, model: str, ids: Sequence[int] | None) -> None:
         self._index = index
@@ -56,6 +62,7 @@ class KvRequest:
         self.predicted: dict[str, int] = {}
         """Prompt tokens predicted cached, per engine id asked."""
         self._keys: dict[tuple[int, str | None], list[BlockKey]] = {}
+        self._budget = BLOCKS_PER_REQUEST
 
     @property
     def prompt_tokens(self) -> int:
@@ -74,8 +81,9 @@ class KvRequest:
             keys = self._keys.get((size, lora))
             if keys is None:
                 # vLLM recomputes at least the last prompt token: a hit stops a token short.
-                limit = (len(ids) - 1) // size
+                limit = min((len(ids) - 1) // size, self._budget)
                 keys = self._keys[size, lora] = block_keys(ids, size, lora, limit=limit)
+                self._budget -= len(keys)
             blocks = self._index.match(engine.id, keys) if keys else 0
             tokens = 0 if blocks is None else blocks * size
         self.predicted[engine.id] = tokens

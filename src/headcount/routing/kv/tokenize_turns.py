@@ -1,0 +1,95 @@
+"""Which candidate's `POST /tokenize` is asked: each in turn, skipping those that failed lately.
+
+An engine is any pod anyone can label, and what it reports of its own load is
+its word: choosing the tokenizing engine by the least reported load let one
+that reports none and never answers make every request wait out the tokenize
+timeout. So candidates take turns, and one whose `/tokenize` failed (timed
+out or nearly, broke the connection, answered something that is no prompt's
+ids) is left alone for a back-off: `BACKOFF_FIRST`, doubling with each failure in a
+row up to `BACKOFF_MAX`. When it is over, one request asks it again (a
+half-open circuit breaker): while that call is out, the others skip it; an
+answer forgives it, another failure doubles its back-off. An engine that
+fails at once costs nothing but its answer, so only what is the engine's
+doing counts: a refusal (4xx, 5xx) may be the request's fault, and is not a
+failure.
+
+A hung engine costs at most one request's wait per back-off period (one
+minute at most) per router, wherever its reported load stands.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from headcount.fleet import Engine
+
+__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "TokenizeTurns"]
+
+BACKOFF_FIRST = 5.0
+"""Seconds an engine is left alone after its first failure: more than a blip, and less than
+what a restarted engine takes to come back."""
+BACKOFF_MAX = 60.0
+"""The longest back-off; past it, an engine that is still failing costs one request a minute."""
+
+
+@dataclass(slots=True)
+class _Failing:
+    failures: int
+    until: float
+    trying: bool = False
+    """One request is asking it again now; the others skip it."""
+
+
+class TokenizeTurns:
+    """The engines' turns at tokenizing, and what each one's last call came to."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._turn = 0
+        self._failing: dict[str, _Failing] = {}
+
+    def choose(self, candidates: Sequence[Engine]) -> Engine | None:
+        """The engine whose turn it is among `candidates` not backing off; None if all are.
+        Its call must end in `answered`, `failed` or `abandoned`."""
+        self._turn += 1
+        failing = self._failing
+        if not failing:
+            return candidates[self._turn % len(candidates)] if candidates else None
+        now = self._clock()
+        askable = [
+            engine
+            for engine in candidates
+            if (state := failing.get(engine.id)) is None
+            or (not state.trying and now >= state.until)
+        ]
+        if not askable:
+            return None
+        engine = askable[self._turn % len(askable)]
+        state = failing.get(engine.id)
+        if state is not None:
+            state.trying = True
+        return engine
+
+    def answered(self, engine: Engine) -> None:
+        """Its `/tokenize` answered (or refused): it is asked in turn again."""
+        self._failing.pop(engine.id, None)
+
+    def abandoned(self, engine: Engine) -> None:
+        """The call ended for the router's reasons (the client left): nothing is learnt."""
+        state = self._failing.get(engine.id)
+        if state is not None:
+            state.trying = False
+
+    def failed(self, engine: Engine) -> None:
+        """Its `/tokenize` failed: leave it alone for its back-off."""
+        now = self._clock()
+        failing = self._failing
+        state = failing.get(engine.id)
+        failures = 1 if state is None else state.failures + 1
+        backoff = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(failures - 1, 16))
+        failing[engine.id] = _Failing(failures, now + backoff)
+        # Engines that left the fleet are forgotten once long past their back-off.
+        for engine_id in [key for key, old in failing.items() if old.until + BACKOFF_MAX < now]:
+            del failing[engine_id]
