@@ -14,11 +14,11 @@ vLLM heads only when they are done (an 80 s batch answer sends nothing for
 (`EngineLoad.progress`, `prompt_tokens_total` plus `generation_tokens_total`)
 as the prober scrapes them every probe interval, so they are evidence only
 if a scrape came within the window (`EngineLoad.scrapes`): a window that no
-scrape reached proves nothing and stalls nothing. It need not: scrapes come
-every probe interval, so with `--probe-interval` under `timeout` (5 s against
-30 s by default) every window has one, and an engine whose probes stop
-landing is the prober's to take out of rotation, which fails its waiting
-requests over too. An engine that exports no token counters (not vLLM, or its
+scrape reached proves nothing and stalls nothing, which costs little:
+scrapes come every probe interval, so with `--probe-interval` under
+`timeout` (5 s against 30 s by default) every window has one, and an engine
+whose probes stop landing is the prober's to take out of rotation, which
+fails its waiting requests over too. An engine that exports no token counters (not vLLM, or its
 `/metrics` failed) is judged on heads alone, as are its unstreamed answers:
 one longer than `timeout` moves. vLLM counts a prompt's tokens when its
 prefill ends, so one prefill longer than `timeout` on an otherwise idle
