@@ -270,6 +270,38 @@ async def test_legacy_metrics_use_the_gpu_cache_name(session: aiohttp.ClientSess
     async with running_engine(EngineSimConfig(legacy_metrics=True)) as engine:
         values = await metric_values(session, engine.url)
     assert "vllm:gpu_cache_usage_perc" in values and "vllm:kv_cache_usage_perc" not in values
+    assert values["vllm:generation_tokens_total"] == values["vllm:prompt_tokens_total"] == 0.0
+
+
+async def test_token_counters_move_while_an_unstreamed_answer_is_generated_and_not_stalled(
+    session: aiohttp.ClientSession,
+) -> None:
+    """vLLM counts tokens as it generates them, whatever the answer's head waits for: a
+    router tells a busy engine from a wedged one by these counters (`proxy/stalls.py`)."""
+    async with running_engine(EngineSimConfig(token_delay=0.01, model="m")) as engine:
+        url = f"{engine.url}/v1/chat/completions"
+        answer = asyncio.create_task(post_json(session, url, chat_request("m", max_tokens=300)))
+        counted = await wait_until(
+            lambda: _generated(session, engine.url, 1), what="tokens counted mid-answer"
+        )
+        assert not answer.done() and counted["vllm:prompt_tokens_total"] > 0
+        await post_json(session, f"{engine.url}/sim/fail-mode", {"mode": "stall"})
+        frozen = (await metric_values(session, engine.url))["vllm:generation_tokens_total"]
+        await asyncio.sleep(0.3)  # 30 tokens' time: a stalled engine generates none of them
+        assert (await metric_values(session, engine.url))["vllm:generation_tokens_total"] == frozen
+        assert frozen < 300 and not answer.done()
+        await post_json(session, f"{engine.url}/sim/fail-mode", {"mode": "none"})
+        status, body = await asyncio.wait_for(answer, timeout=5)
+        values = await metric_values(session, engine.url)
+    assert status == 200 and values["vllm:generation_tokens_total"] == 300.0
+    assert values["vllm:prompt_tokens_total"] == body["usage"]["prompt_tokens"]
+
+
+async def _generated(
+    session: aiohttp.ClientSession, url: str, at_least: float
+) -> dict[str, float] | None:
+    values = await metric_values(session, url)
+    return values if values.get("vllm:generation_tokens_total", 0.0) >= at_least else None
 
 
 async def test_refuse_closes_the_port_and_restoring_listens_on_the_same_port(

@@ -445,6 +445,49 @@ def test_cache_figures_are_the_same_wherever_the_answer_is_cut() -> None:
         assert read_load(VLLM_CACHE_METRICS, range(0, len(VLLM_CACHE_METRICS), step)) == whole
 
 
+VLLM_TOKEN_METRICS = b"""\
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1200.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 800.0
+# HELP vllm:prompt_tokens_created Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_created gauge
+vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 300.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 45.0
+# HELP vllm:generation_tokens_created Number of generation tokens processed.
+# TYPE vllm:generation_tokens_created gauge
+vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9
+# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_sum{engine="0",model_name="m"} 9999.0
+vllm:request_generation_tokens_sum{engine="0",model_name="m"} 9999.0
+"""
+
+
+def test_progress_is_prompt_and_generated_tokens_summed_over_label_sets() -> None:
+    assert parse_vllm_load(VLLM_TOKEN_METRICS).progress == 2345.0
+
+
+def test_progress_counts_either_token_counter_alone_and_is_unknown_without_both() -> None:
+    v0 = 'vllm:generation_tokens_total{model_name="m"} 5.0\n'  # v0: no engine label
+    assert parse_vllm_load(v0).progress == 5.0
+    assert parse_vllm_load(VLLM_METRICS).progress is None
+
+
+def test_progress_is_the_same_wherever_the_answer_is_cut() -> None:
+    for step in (1, 7, 100):
+        cuts = range(0, len(VLLM_TOKEN_METRICS), step)
+        assert read_load(VLLM_TOKEN_METRICS, cuts).progress == 2345.0
+
+
+def test_progress_whose_sum_is_not_finite_is_unknown() -> None:
+    text = "vllm:prompt_tokens_total 1e308\nvllm:generation_tokens_total 1e308\n"
+    assert parse_vllm_load(text).progress is None
+
+
 _metric_lines = st.one_of(
     st.builds(
         lambda name, labels, value, tail: f"{name}{labels} {value}{tail}",
@@ -457,6 +500,8 @@ _metric_lines = st.one_of(
                 "vllm:prefix_cache_hits_total",
                 "vllm:gpu_prefix_cache_queries_total",
                 "vllm:cache_config_info",
+                "vllm:prompt_tokens_total",
+                "vllm:generation_tokens_total",
                 "vllm:num_requests_running_x",
                 "# TYPE vllm:num_requests_running",
                 "vllm:other",

@@ -2,9 +2,11 @@
 
 The watch's ticks are run by hand (a loop that only records `call_later`):
 an engine is stalled once the same request has waited a whole timeout (two
-ticks) and the engine sent no response head meanwhile; a head to any request,
-or the oldest request leaving, keeps it in rotation; the watch stops when
-nothing waits. The proxy's side is tests/process/test_stalls.py.
+ticks) and the engine sent no response head meanwhile, nor (when it exports
+vLLM's token counters) processed a token by a scrape in that time; a head to
+any request, a token, or the oldest request leaving keeps it in rotation; a
+window no scrape reached proves nothing; the watch stops when nothing waits.
+The proxy's side is tests/process/test_stalls.py.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from headcount.config import OutlierSettings
-from headcount.fleet import Fleet
+from headcount.fleet import Fleet, ProbeResult
+from headcount.fleet.vllm_load import VllmLoad
 from headcount.proxy.stalls import Sample, StallWatch, stalled
 from headcount.surfaces.metrics import Metrics
 from tests.support import ready_fleet, spec
@@ -56,12 +59,29 @@ def watched() -> tuple[StallWatch, Fleet, dict[str, dict[Any, None]], Ticks]:
     return watch, fleet, waiting, Ticks()
 
 
+def probed(fleet: Fleet, tokens: float | None) -> None:
+    """A probe of engine "a" whose `/metrics` counted `tokens` processed (None: no counters)."""
+    fleet.apply_probe("a", ProbeResult(ok=True, load=VllmLoad(progress=tokens)))
+
+
 def test_stalled_needs_the_same_oldest_request_and_no_head_since() -> None:
     oldest, other = object(), object()
-    assert stalled(Sample(oldest, 7), Sample(oldest, 7))
-    assert not stalled(Sample(oldest, 7), Sample(oldest, 8)), "a head to anyone"
-    assert not stalled(Sample(oldest, 7), Sample(other, 7)), "the oldest left: newer waits"
-    assert not stalled(Sample(None, 7), Sample(None, 7)), "nothing waits"
+    assert stalled(Sample(oldest, 7, None, 0), Sample(oldest, 7, None, 0))
+    assert not stalled(Sample(oldest, 7, None, 0), Sample(oldest, 8, None, 0)), "a head to anyone"
+    assert not stalled(Sample(oldest, 7, None, 0), Sample(other, 7, None, 0)), "the oldest left"
+    assert not stalled(Sample(None, 7, None, 0), Sample(None, 7, None, 0)), "nothing waits"
+
+
+def test_with_token_counters_an_engine_is_stalled_only_if_they_stood_still_too() -> None:
+    """Issue 17, finding 11 again: vLLM sends a non-streamed answer's head when it is done, so
+    an engine generating long unstreamed answers sends no head for minutes and is healthy."""
+    oldest = object()
+    assert not stalled(Sample(oldest, 7, 100.0, 3), Sample(oldest, 7, 180.0, 5)), "generating"
+    assert stalled(Sample(oldest, 7, 100.0, 3), Sample(oldest, 7, 100.0, 5)), "frozen"
+    assert not stalled(Sample(oldest, 7, 100.0, 3), Sample(oldest, 7, 100.0, 3)), "no scrape since"
+    assert not stalled(Sample(oldest, 7, 100.0, 3), Sample(oldest, 8, 100.0, 5)), "a head"
+    assert stalled(Sample(oldest, 7, 100.0, 3), Sample(oldest, 7, None, 5)), "heads alone"
+    assert stalled(Sample(oldest, 7, None, 3), Sample(oldest, 7, None, 3)), "no counters"
 
 
 def test_requests_waiting_a_whole_timeout_on_a_silent_engine_move_and_it_is_ejected() -> None:
@@ -74,6 +94,27 @@ def test_requests_waiting_a_whole_timeout_on_a_silent_engine_move_and_it_is_ejec
     assert first.told == second.told == ["engine a stalled: no response byte to any request in 30s"]
     assert "a" in fleet.snapshot.ejected and fleet.snapshot.by_id["a"].ejection.reason == "stalled"
     assert ticks.due == [], "nothing waits: the watch stops"
+
+
+def test_a_silent_engine_still_processing_tokens_keeps_its_requests_until_they_stop() -> None:
+    watch, fleet, waiting, ticks = watched()
+    engine = fleet.snapshot.by_id["a"]
+    batch = Request(waiting["a"])  # a long unstreamed answer: no head until it is done
+    probed(fleet, 1000.0)
+    watch.watch(engine, ticks)  # type: ignore[arg-type]
+    for tokens in range(1100, 2000, 100):  # no head ever; a scrape a tick, tokens moving
+        probed(fleet, float(tokens))
+        ticks.run()
+    assert batch.told == [] and fleet.snapshot.ejected == frozenset()
+    ticks.run()
+    ticks.run()  # a whole timeout with no scrape: no evidence, no verdict
+    assert batch.told == []
+    probed(fleet, 1900.0)  # the next scrape: no token since the one a timeout ago
+    ticks.run()
+    assert batch.told == [
+        "engine a stalled: no response byte to any request and no token processed in 30s"
+    ]
+    assert fleet.snapshot.by_id["a"].ejection.reason == "stalled"
 
 
 def test_an_engine_answering_anyone_is_not_stalled() -> None:

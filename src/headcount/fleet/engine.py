@@ -95,6 +95,12 @@ class EngineLoad:
     """`num_gpu_blocks` of the scraped `vllm:cache_config_info`."""
     kv_block_size: int | None = None
     """`block_size` of the scraped `vllm:cache_config_info`."""
+    progress: float | None = None
+    """Scraped prompt plus generated tokens processed, ever (vLLM's token counters), None when
+    the engine exports neither: they move while it works, even with no answer to send yet."""
+    scrapes: int = 0
+    """Probes recorded, each setting the scraped figures: tells a fresh `progress` from one
+    already seen."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,6 +248,8 @@ class Fleet:
             load.prefix_cache_hits = scraped.prefix_cache_hits
             load.kv_capacity_blocks = scraped.kv_capacity_blocks
             load.kv_block_size = scraped.kv_block_size
+            load.progress = scraped.progress
+            load.scrapes += 1
             ejection = engine.ejection
             if engine.probe_failures and ejection.active(now := self._now()):
                 ejection = replace(ejection, until=now)

@@ -2,8 +2,11 @@
 
 The router needs a few numbers from an exposition that may run to megabytes
 (histograms for every adapter): requests running and waiting, KV-cache usage,
-the prefix-cache counters (queried and hit tokens) and the KV cache's size
-(`num_gpu_blocks` and `block_size`, labels of `vllm:cache_config_info`).
+the prefix-cache counters (queried and hit tokens), the KV cache's size
+(`num_gpu_blocks` and `block_size`, labels of `vllm:cache_config_info`) and
+the token counters (`prompt_tokens_total`, `generation_tokens_total`: the
+same names in v0 and v1), whose sum shows an engine working while it sends
+nothing (`proxy/stalls.py`).
 `LoadParser` takes the text in pieces as they arrive and finds the few `vllm:`
 lines it wants with one compiled expression per piece, in C, so each piece
 costs time in proportion to its size and memory stays one line long. Values of
@@ -32,6 +35,7 @@ _WAITING = b"vllm:num_requests_waiting"
 _KV_USAGE = (b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc")
 _QUERIES = (b"vllm:prefix_cache_queries_total", b"vllm:gpu_prefix_cache_queries_total")
 _HITS = (b"vllm:prefix_cache_hits_total", b"vllm:gpu_prefix_cache_hits_total")
+_TOKENS = (b"vllm:prompt_tokens_total", b"vllm:generation_tokens_total")
 _CACHE_CONFIG = b"vllm:cache_config_info"
 _CAPACITY, _BLOCK_SIZE = b"num_gpu_blocks", b"block_size"
 
@@ -40,7 +44,8 @@ _CAPACITY, _BLOCK_SIZE = b"num_gpu_blocks", b"block_size"
 # the next line's match.
 _LINE = re.compile(
     rb"\n(vllm:(?:num_requests_running|num_requests_waiting|kv_cache_usage_perc"
-    rb"|gpu_cache_usage_perc|(?:gpu_)?prefix_cache_(?:queries|hits)_total|cache_config_info))"
+    rb"|gpu_cache_usage_perc|(?:gpu_)?prefix_cache_(?:queries|hits)_total|cache_config_info"
+    rb"|(?:prompt|generation)_tokens_total))"
     rb'(\{(?:[^"}\n]++|"(?:[^"\\\n]++|\\.)*+")*+\})?+'
     rb"[ \t]++([^ \t\r\n]++)[^\n]*+(?=\n)"
 )
@@ -63,6 +68,8 @@ class VllmLoad:
     """`num_gpu_blocks`: the KV cache's blocks, vLLM's null block included."""
     kv_block_size: int | None = None
     """Tokens per KV block."""
+    progress: float | None = None
+    """Prompt and generated tokens processed, ever (the two counters' sum, or the one said)."""
 
 
 class LoadParser:
@@ -116,6 +123,7 @@ class LoadParser:
             prefix_cache_hits=_first(sums, _HITS),
             kv_capacity_blocks=config.get(_CAPACITY),
             kv_block_size=config.get(_BLOCK_SIZE),
+            progress=_total(sums, _TOKENS),
         )
 
     def _read_cache_config(self, labels: bytes) -> None:
@@ -133,6 +141,12 @@ class LoadParser:
 
 def _first(sums: dict[bytes, float], names: tuple[bytes, ...]) -> float | None:
     return next((sums[name] for name in names if name in sums), None)
+
+
+def _total(sums: dict[bytes, float], names: tuple[bytes, ...]) -> float | None:
+    said = [sums[name] for name in names if name in sums]
+    total = sum(said)
+    return total if said and math.isfinite(total) else None
 
 
 def parse_vllm_load(text: str | bytes) -> VllmLoad:

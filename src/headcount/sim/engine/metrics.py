@@ -5,7 +5,9 @@ default, v0 names with `legacy_metrics`, since a fleet may run either. With a
 prefix cache, KV usage is the share of blocks requests hold (vLLM's
 definition), the prefix-cache counters count prompt tokens queried and found
 at admission, and `vllm:cache_config_info` carries `block_size` and
-`num_gpu_blocks` among vLLM's cache settings.
+`num_gpu_blocks` among vLLM's cache settings. The token counters move as the
+engine prefills and generates (an unstreamed answer's tokens too, long before
+its head is sent) and stand still while it is stalled.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ _HELP_RUNNING = "Number of requests in model execution batches."
 _HELP_WAITING = "Number of requests waiting to be processed."
 _HELP_KV = "KV-cache usage. 1 means 100 percent usage."
 _HELP_SUCCESS = "Count of successfully processed requests."
+_HELP_PROMPT = "Number of prefill tokens processed."
+_HELP_GENERATION = "Number of generation tokens processed."
 _HELP_QUERIES = "Prefix cache queries, in terms of number of queried tokens."
 _HELP_HITS = "Prefix cache hits, in terms of number of cached tokens."
 _HELP_CACHE_CONFIG = "Information of the LLMEngine CacheConfig"
@@ -45,6 +49,8 @@ def render_metrics(state: EngineState) -> str:
         ("num_requests_waiting", "gauge", _HELP_WAITING, labels, waiting),
         (kv_name, "gauge", _HELP_KV, labels, usage),
         ("request_success_total", "counter", _HELP_SUCCESS, success_labels, state.served),
+        ("prompt_tokens_total", "counter", _HELP_PROMPT, labels, state.prompt_tokens),
+        ("generation_tokens_total", "counter", _HELP_GENERATION, labels, state.generation_tokens),
     ]
     if caching is not None:
         kv = caching.kv

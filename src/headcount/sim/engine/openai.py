@@ -3,6 +3,9 @@
 Generation holds a scheduler slot for its whole length (and, with a prefix
 cache, its KV blocks, after waiting for its prompt's prefill), takes
 `token_delay` per token and stops, freeing the slot, when the client goes away.
+Tokens are counted (`vllm:generation_tokens_total`) as they are generated, in
+steps of at most `_STEP` seconds when an answer goes out all at once, as
+vLLM's engine loop counts them whatever the answer waits for.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from headcount.sim.engine.state import EngineState
 from headcount.sim.engine.wire import JSON, REQUEST_ID, RequestError, json_bytes
 
 __all__ = ["OpenAiApi"]
+
+_STEP = 0.1
+"""Longest wait between two counts of an answer's tokens, in seconds."""
 
 
 class OpenAiApi:
@@ -77,6 +83,7 @@ class OpenAiApi:
             return error.response()
         async with state.scheduler.slot(run):
             await run.prefill()
+            state.prompt_tokens += generation.prompt_tokens
             if generation.stream:
                 return await self._stream(request, run)
             return await self._complete(request, run)
@@ -116,6 +123,7 @@ class OpenAiApi:
             else:
                 # Tokens that take no time are all ready at once, so they leave in one write.
                 run.generated(generation.max_tokens)
+                self._state.generation_tokens += generation.max_tokens
                 await response.write(frames.all_chunks(generation.max_tokens) + ending)
         except ConnectionError:
             self._state.note_disconnect()
@@ -138,10 +146,19 @@ class OpenAiApi:
         return not failures.dying(tokens)
 
     async def _pace(self, tokens: int) -> None:
-        """The time `tokens` tokens take to generate, stretched by a hang or a stall."""
-        if self._state.config.token_delay and tokens:
-            await self._state.timebase.sleep(self._state.config.token_delay * tokens)
-        await self._state.failures.wait_while_stalled()
+        """The time `tokens` tokens take to generate, stretched by a hang or a stall, counting
+        them as they come: a step of at most `_STEP` at a time, none while stalled."""
+        state = self._state
+        delay = state.config.token_delay
+        per_step = max(1, int(_STEP / delay)) if delay else tokens
+        left = tokens  # at least 1: max_tokens is
+        while left:
+            step = min(left, per_step)
+            if delay:
+                await state.timebase.sleep(delay * step)
+            await state.failures.wait_while_stalled()
+            state.generation_tokens += step
+            left -= step
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         with self._state.in_flight_request():

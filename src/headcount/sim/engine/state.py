@@ -46,6 +46,11 @@ class EngineState:
             pipeline = PrefillPipeline(config.prefill_tokens_per_s, timebase.now)
             self.caching = PrefixCaching(kv, pipeline, timebase, config.token_delay)
         self.served = 0
+        self.prompt_tokens = 0
+        """Prompt tokens prefilled, ever: vLLM's `prompt_tokens_total`, counted as prefills end."""
+        self.generation_tokens = 0
+        """Tokens generated, ever: vLLM's `generation_tokens_total`, counted as they are
+        generated, whether or not the answer is streamed; none while stalled."""
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
