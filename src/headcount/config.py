@@ -382,6 +382,13 @@ class KvEventsSettings:
     own `POST /tokenize`."""
     tokenize_timeout: float = 1.0
     """An engine's `/tokenize` that answers later is skipped: the request is routed by load."""
+    index_max_bytes: int = 1 << 30
+    """All engines' cache indexes together: about 5.5 million blocks (192 bytes each at
+    most), 200 engines of 28,000 blocks (an 80 GB H100 with an 8B model). Each engine may
+    use an equal share of it, at most `index_max_bytes_per_engine`."""
+    index_max_bytes_per_engine: int = 256 << 20
+    """One engine's cache index: about 1.4 million blocks, twice a large GPU's cache (a 141 GB
+    H200 serving Qwen2.5-0.5B, 12 KiB of KV per token, holds about 700,000 blocks of 16)."""
 
     def __post_init__(self) -> None:
         for flag, port in (
@@ -390,6 +397,12 @@ class KvEventsSettings:
         ):
             if not 1 <= port <= 65535:
                 raise ConfigError(f"{flag} {port}: use 1-65535")
+        for flag, size in (
+            ("--kv-index-max-bytes", self.index_max_bytes),
+            ("--kv-index-max-bytes-per-engine", self.index_max_bytes_per_engine),
+        ):
+            if size < 1 << 20:
+                raise ConfigError(f"{flag} {size}: use at least 1MiB")
         _require_positive(
             ("--kv-events-idle-timeout", self.idle_timeout),
             ("--kv-events-replay-timeout", self.replay_timeout),

@@ -15,6 +15,7 @@ import pytest
 from headcount.fleet import Fleet, ProbeResult
 from headcount.fleet.vllm_load import VllmLoad
 from headcount.kvevents import BlockRemoved, BlockStored, EventBatch, KvEvent
+from headcount.kvindex.index import BLOCK_BYTES
 from headcount.kvindex.keys import block_keys
 from headcount.kvindex.registry import KvIndexes
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
@@ -403,3 +404,88 @@ async def test_a_restart_the_stream_showed_is_not_cleared_again_by_the_counter(
     scrape(fleet, indexes, 20)
     assert indexes.match("a", KEYS) == 4
     assert _trust(indexes) is IndexTrust.SYNCED
+
+
+async def test_engines_sharing_one_kv_event_endpoint_get_no_stream_and_say_why(
+    world: tuple[Fleet, KvIndexes, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 17, finding 12: two engines on one host read one stream, each predicted to hold
+    the other's prefixes. The events do not say which engine sent them: neither gets them."""
+    fleet, indexes, _ = world
+    a = await subscriber_of("10.0.0.1")
+    a.sink.connected(True)
+    a.sink.batch(0, batch(STORE))
+    fleet.upsert(spec("b", url="http://10.0.0.1:8001"))
+    indexes.tick()
+    for engine, other in (("a", "b"), ("b", "a")):
+        assert indexes.match(engine, KEYS) is None
+        view = indexes.view(engine)
+        assert view is not None
+        assert (view.trust, view.blocks) == (IndexTrust.OFF, 0)
+        assert view.reason == (
+            f"tcp://10.0.0.1:5557 is also {other}'s KV-event endpoint: events not attributed; "
+            "give each engine its own kv-events-port annotation"
+        )
+    await wait_until(lambda: _true(a.cancelled), timeout=5, what="a's subscriber cancelled")
+    assert sum("10.0.0.1" in s.target.endpoint for s in FakeSubscriber.started) == 1
+    assert "engines a, b share the KV-event endpoint tcp://10.0.0.1:5557" in caplog.text
+    fleet.upsert(spec("b", url="http://10.0.0.1:8001", kv_events_port=6000))
+    indexes.tick()
+    assert "engines a, b share the KV-event endpoint tcp://10.0.0.1:5558" in caplog.text
+    fleet.upsert(
+        spec("b", url="http://10.0.0.1:8001", kv_events_port=6000, kv_events_replay_port=6001)
+    )
+    indexes.tick()
+    await subscriber_of(":6000")
+
+    async def a_again() -> bool:
+        return sum(s.target.endpoint.endswith(":5557") for s in FakeSubscriber.started) == 2
+
+    await wait_until(a_again, timeout=5, what="a subscriber for a again")
+
+
+async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stops_adding() -> None:
+    """Issue 17, finding 4: an engine advertising 10**17 blocks grew the router by 1.7 GiB."""
+    FakeSubscriber.started = []
+    clock = FakeClock()
+    fleet = Fleet(unhealthy_after=1, clock=clock)
+    indexes = KvIndexes(
+        fleet,
+        subscriber=FakeSubscriber,
+        port=5557,
+        replay_port=5558,
+        topic="",
+        idle_timeout=10.0,
+        replay_timeout=2.0,
+        clock=clock,
+        tick=3600.0,
+        max_bytes=10 * BLOCK_BYTES,
+        max_bytes_per_engine=6 * BLOCK_BYTES,
+    )
+    fleet.reconcile("static", [spec("a", url="http://10.0.0.1:8000")])
+    indexes.start()
+    try:
+        sink = await engine_a_connected()
+        sink.batch(0, batch(STORE, BlockStored([5, 6, 7], 4, list(range(16, 28)), BLOCK)))
+        view = indexes.view("a")
+        assert view is not None
+        assert (view.blocks, view.refused_blocks, view.trust) == (6, 1, IndexTrust.REBUILDING)
+        assert (view.memory_bytes, view.memory_limit_bytes) == (6 * BLOCK_BYTES, 6 * BLOCK_BYTES)
+        assert view.reason == "over its memory bound of 0.0 MiB (6 blocks): new blocks not indexed"
+        sink.clear(ClearReason.GAP)
+        view = indexes.view("a")
+        assert view is not None and (view.blocks, view.hints) == (0, 6)
+        fleet.upsert(spec("b", url="http://10.0.0.2:8000"))
+        indexes.tick()
+        for engine in ("a", "b"):
+            view = indexes.view(engine)
+            assert view is not None and view.memory_limit_bytes == 5 * BLOCK_BYTES
+
+        async def released() -> bool:
+            view = indexes.view("a")
+            return view is not None and view.memory_bytes == 0
+
+        await wait_until(released, timeout=5, what="a's hints over its new share released")
+        assert indexes.match("a", KEYS) == 0
+    finally:
+        await indexes.close()

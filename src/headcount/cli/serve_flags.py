@@ -400,6 +400,20 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     kv.add_argument(
+        "--kv-index-max-bytes",
+        type=parse_size,
+        default=kv_d.index_max_bytes,
+        help="memory all engines' cache indexes may take together, shared equally "
+        f"(default {format_size(kv_d.index_max_bytes)})",
+    )
+    kv.add_argument(
+        "--kv-index-max-bytes-per-engine",
+        type=parse_size,
+        default=kv_d.index_max_bytes_per_engine,
+        help="memory one engine's cache index may take at most "
+        f"(default {format_size(kv_d.index_max_bytes_per_engine)})",
+    )
+    kv.add_argument(
         "--tokenizer",
         metavar="DIR|builtin",
         default=kv_d.tokenizer,
@@ -503,5 +517,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             replay_timeout=ns.kv_events_replay_timeout,
             tokenizer=ns.tokenizer,
             tokenize_timeout=ns.tokenize_timeout,
+            index_max_bytes=ns.kv_index_max_bytes,
+            index_max_bytes_per_engine=ns.kv_index_max_bytes_per_engine,
         ),
     )

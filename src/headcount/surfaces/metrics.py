@@ -333,6 +333,30 @@ _KV_PER_ENGINE: tuple[
         lambda view: view.blocks,
     ),
     (
+        GaugeMetricFamily,
+        "headcount_kv_index_hints",
+        "KV blocks the engine's index keeps as hints after a gap the replay could not fill.",
+        lambda view: view.hints,
+    ),
+    (
+        GaugeMetricFamily,
+        "headcount_kv_index_memory_bytes",
+        "Memory the engine's index is charged: its blocks, hints, and what it has yet to free.",
+        lambda view: view.memory_bytes,
+    ),
+    (
+        GaugeMetricFamily,
+        "headcount_kv_index_memory_limit_bytes",
+        "The engine's index's share of the memory bounds; past it, new blocks are not indexed.",
+        lambda view: view.memory_limit_bytes,
+    ),
+    (
+        CounterMetricFamily,
+        "headcount_kv_index_refused_blocks",
+        "Stored KV blocks not indexed because the engine's index was at its memory bound.",
+        lambda view: view.refused_blocks,
+    ),
+    (
         CounterMetricFamily,
         "headcount_kv_events_applied",
         "KV events applied to the engine's index.",
