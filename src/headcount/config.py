@@ -383,12 +383,15 @@ class KvEventsSettings:
     tokenize_timeout: float = 1.0
     """An engine's `/tokenize` that answers later is skipped: the request is routed by load."""
     index_max_bytes: int = 1 << 30
-    """All engines' cache indexes together: about 5.5 million blocks (192 bytes each at
-    most), 200 engines of 28,000 blocks (an 80 GB H100 with an 8B model). Each engine may
-    use an equal share of it, at most `index_max_bytes_per_engine`."""
-    index_max_bytes_per_engine: int = 256 << 20
-    """One engine's cache index: about 1.4 million blocks, twice a large GPU's cache (a 141 GB
-    H200 serving Qwen2.5-0.5B, 12 KiB of KV per token, holds about 700,000 blocks of 16)."""
+    """All engines' cache indexes together: about 5.6 million blocks (192 bytes each at most),
+    enough for 200 engines of 28,000 blocks (an 80 GB H100 serving an 8B model). Each engine
+    gets an equal share, at most `index_max_bytes_per_engine`."""
+    index_max_bytes_per_engine: int = 64 << 20
+    """One engine's cache index: 349,525 blocks, 12 times an H100's with an 8B model. It
+    also bounds the longest step on the event loop: an index's dictionaries grow by copying
+    their table at once, and at this size the largest copy (174,763 entries) takes 15 to
+    20 ms where 700,000 took 80 on a busy 2-core machine; a 141 GB H200 serving a 0.5B
+    model (700,000 blocks) needs 128MiB and pays that."""
 
     def __post_init__(self) -> None:
         for flag, port in (

@@ -307,7 +307,10 @@ class EngineIndex:
 
     def _add(self, block_hash: _EngineHash, key: BlockKey, parent: _EngineHash | None) -> bool:
         """Hold one more copy of `block_hash`; False (refused) when the limit is reached."""
-        if self.charged >= self.limit:
+        if (
+            len(self._key_of) + len(self._copies) + len(self._pending) + self._hint_charge
+            >= self.limit - self._dropped_charge
+        ):  # `charged`, inline: once per stored block
             self.refused += 1
             return False
         self.copies += 1

@@ -21,8 +21,9 @@ __all__ = ["TIDY_SLICE", "IndexMemory"]
 
 _log = logging.getLogger(__name__)
 
-TIDY_SLICE = 20_000
-"""Entries of deferred work done in one turn of the loop (a few milliseconds)."""
+TIDY_SLICE = 5_000
+"""Entries of deferred work done in one turn of the loop: about 0.3 ms of freeing, or 5 to
+10 ms of confirming hints (1 to 2 µs each) on a busy 2-core machine."""
 
 
 class IndexMemory:
