@@ -8,6 +8,8 @@ engine's scrape through the fleet's `apply_probe`.
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,6 +19,7 @@ from headcount.fleet.vllm_load import VllmLoad
 from headcount.kvevents import BlockRemoved, BlockStored, EventBatch, KvEvent
 from headcount.kvindex.index import BLOCK_BYTES
 from headcount.kvindex.keys import block_keys
+from headcount.kvindex.memory import TIDY_SLICE
 from headcount.kvindex.registry import KvIndexes
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust
@@ -421,7 +424,7 @@ async def test_engines_sharing_one_kv_event_endpoint_get_no_stream_and_say_why(
         assert indexes.match(engine, KEYS) is None
         view = indexes.view(engine)
         assert view is not None
-        assert (view.trust, view.blocks) == (IndexTrust.OFF, 0)
+        assert (view.trust, view.blocks, view.memory_limit_bytes) == (IndexTrust.OFF, 0, 0)
         assert view.reason == (
             f"tcp://10.0.0.1:5557 is also {other}'s KV-event endpoint: events not attributed; "
             "give each engine its own kv-events-port annotation"
@@ -473,8 +476,11 @@ async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stop
         assert (view.memory_bytes, view.memory_limit_bytes) == (6 * BLOCK_BYTES, 6 * BLOCK_BYTES)
         assert view.reason == "over its memory bound of 0.0 MiB (6 blocks): new blocks not indexed"
         sink.clear(ClearReason.GAP)
+        sink.batch(1, batch(BlockStored([8], None, [9, 9, 9, 9], BLOCK)))
         view = indexes.view("a")
-        assert view is not None and (view.blocks, view.hints) == (0, 6)
+        assert view is not None
+        assert (view.blocks, view.hints, view.refused_blocks) == (0, 6, 2)  # hints count
+        assert view.memory_bytes == 6 * BLOCK_BYTES
         fleet.upsert(spec("b", url="http://10.0.0.2:8000"))
         indexes.tick()
         for engine in ("a", "b"):
@@ -489,3 +495,21 @@ async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stop
         assert indexes.match("a", KEYS) == 0
     finally:
         await indexes.close()
+
+
+async def test_a_removed_engines_index_is_freed_a_slice_at_a_time(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    """Issue 17, finding 3: freeing millions of blocks at once stalls the loop as copying does."""
+    fleet, indexes, _ = world
+    sink = await engine_a_connected()
+    blocks = 3 * TIDY_SLICE
+    sink.batch(0, batch(BlockStored(list(range(1, blocks + 1)), None, list(range(blocks)), 1)))
+    forgotten = indexes._engines["a"].index
+    gc.collect()
+    before = sys.getallocatedblocks()
+    fleet.reconcile("static", [])
+    assert abs(sys.getallocatedblocks() - before) < 1000
+    assert forgotten.charged == blocks
+    await wait_until(lambda: _true(not forgotten.deferred), timeout=5, what="the index freed")
+    assert forgotten.charged == 0

@@ -390,7 +390,9 @@ class KvIndexes:
     ) -> None:
         tracked = _Tracked(name, target, self, shared)
         self._engines[engine_id] = tracked
-        if shared is None:
+        if shared is not None:
+            tracked.index.limit = 0
+        else:
             tracked.task = asyncio.get_running_loop().create_task(
                 self._subscribe(tracked), name=f"kv events {name}"
             )
