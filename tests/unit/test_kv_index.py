@@ -365,10 +365,12 @@ def test_an_index_stops_adding_at_its_limit_and_counts_hints_against_it() -> Non
     index.keep_as_hints()
     index.apply(stored([8], None, [9, 9, 9, 9]))
     assert (len(index), index.hints, index.refused, index.charged) == (0, 6, 2, 6)
+    index.apply(stored([9], 4, list(range(16, 20))))  # no room to hold its parent again
+    assert (index.hints, index.refused, index.match(keys)) == (6, 3, 6)
     index.apply(BlockRemoved([1]))
     assert index.match(keys) == 0
     index.drop_hints()
     while index.tidy(100):
         pass
     index.apply(stored([8], None, [9, 9, 9, 9]))
-    assert (len(index), index.charged, index.refused) == (1, 1, 2)
+    assert (len(index), index.charged, index.refused) == (1, 1, 3)

@@ -226,6 +226,13 @@ class EngineIndex:
         """Whether `tidy` has work."""
         return bool(self._dropped or self._pending)
 
+    def _full(self) -> bool:
+        """Whether `charged` reached `limit` (spelled out: asked once per stored block)."""
+        return (
+            len(self._key_of) + len(self._copies) + len(self._pending) + self._hint_charge
+            >= self.limit - self._dropped_charge
+        )
+
     def _drop(self, container: _Container, charge: int) -> None:
         if container:
             self._dropped.append((container, charge))
@@ -253,20 +260,25 @@ class EngineIndex:
         return key, self._hint_holders[key]
 
     def _confirm_pending(self, budget: int) -> int:
-        """Hinted ancestors of proven hints held again, at most `budget` of them."""
+        """Hinted ancestors of proven hints held again, at most `budget` of them; without
+        room to hold them, they stay hints."""
         done, pending = 0, self._pending
-        while pending and done < budget:
-            walk: _EngineHash | None = pending.pop()
-            while walk is not None and walk not in self._key_of:
-                if done == budget:
-                    pending.append(walk)
-                    break
-                hint = self._pop_hint(walk)
-                if hint is None or not self._add(walk, *hint):
-                    break
-                done += 1
-                walk = hint[1]
+        while pending and done < budget and not self._full():
+            walk = pending.pop()
+            done += 1
+            if walk not in self._key_of:
+                parent = self._confirm(walk)
+                if parent is not None:
+                    pending.append(parent)
         return done
+
+    def _confirm(self, block_hash: _EngineHash) -> _EngineHash | None:
+        """Hold hinted `block_hash` again (room was checked); its parent, to confirm next."""
+        hint = self._pop_hint(block_hash)
+        if hint is None:
+            return None
+        self._add(block_hash, *hint)
+        return hint[1]
 
     def _store(self, event: BlockStored) -> bool:
         size = event.block_size
@@ -278,16 +290,14 @@ class EngineIndex:
             parent_hash = _normal(event.parent_block_hash)
             known = self._key_of.get(parent_hash)
             if known is None:
-                hint = self._pop_hint(parent_hash)
-                if hint is None:
+                known = self._hint_key_of.get(parent_hash)
+                if known is None:
                     self.unknown_parents += 1
                     return False
-                known, grandparent = hint
-                if not self._add(parent_hash, known, grandparent):
-                    self.refused += len(event.block_hashes)
-                    return True
-                if grandparent is not None:
-                    self._pending.append(grandparent)
+                if not self._full():  # else it stays a hint
+                    grandparent = self._confirm(parent_hash)
+                    if grandparent is not None:
+                        self._pending.append(grandparent)
             parent = known
         tokens = event.token_ids
         hashes = event.block_hashes
@@ -307,10 +317,7 @@ class EngineIndex:
 
     def _add(self, block_hash: _EngineHash, key: BlockKey, parent: _EngineHash | None) -> bool:
         """Hold one more copy of `block_hash`; False (refused) when the limit is reached."""
-        if (
-            len(self._key_of) + len(self._copies) + len(self._pending) + self._hint_charge
-            >= self.limit - self._dropped_charge
-        ):  # `charged`, inline: once per stored block
+        if self._full():
             self.refused += 1
             return False
         self.copies += 1
