@@ -47,7 +47,9 @@ hints, extra copies, and what waits to be freed); a block stored past it is
 not indexed (`refused`), which keeps the index true but incomplete, as after
 missed events. The engine evicts its least recently used blocks, which the
 router cannot see, so the index evicts nothing of its own: the engine's
-removals make room. A block costs two dictionary entries and two 60-bit
+removals make room. Hints are charged at their size when kept (their tables
+keep that size until dropped), so a hint held again takes room of its own;
+without room it stays a hint, still matched, until dropped. A block costs two dictionary entries and two 60-bit
 ints (`BLOCK_BYTES`): engine hashes and keys are cut to 60 bits, which
 CPython holds in 32 bytes where 64 bits take 48.
 """
