@@ -49,9 +49,10 @@ missed events. The engine evicts its least recently used blocks, which the
 router cannot see, so the index evicts nothing of its own: the engine's
 removals make room. Hints are charged at their size when kept (their tables
 keep that size until dropped), so a hint held again takes room of its own;
-without room it stays a hint, still matched, until dropped. A block costs two dictionary entries and two 60-bit
-ints (`BLOCK_BYTES`): engine hashes and keys are cut to 60 bits, which
-CPython holds in 32 bytes where 64 bits take 48.
+without room it stays a hint, still matched, until dropped. A block costs
+two dictionary entries and two 60-bit ints (`BLOCK_BYTES`): engine hashes
+and keys are cut to 60 bits, which CPython holds in 32 bytes where 64 bits
+take 48.
 """
 
 from __future__ import annotations

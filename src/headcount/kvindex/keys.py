@@ -43,8 +43,9 @@ def block_keys(
     if limit is not None:
         count = min(count, limit)
     keys: list[BlockKey] = []
+    append, mask = keys.append, _MASK
     key = parent
     for start in range(0, count * block_size, block_size):
-        key = hash((key, tuple(token_ids[start : start + block_size]), lora)) & _MASK
-        keys.append(key)
+        key = hash((key, tuple(token_ids[start : start + block_size]), lora)) & mask
+        append(key)
     return keys
