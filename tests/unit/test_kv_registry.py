@@ -501,15 +501,16 @@ async def test_a_removed_engines_index_is_freed_a_slice_at_a_time(
     world: tuple[Fleet, KvIndexes, FakeClock],
 ) -> None:
     """Issue 17, finding 3: freeing millions of blocks at once stalls the loop as copying does."""
-    fleet, indexes, _ = world
+    fleet, _, _ = world
     sink = await engine_a_connected()
     blocks = 3 * TIDY_SLICE
     sink.batch(0, batch(BlockStored(list(range(1, blocks + 1)), None, list(range(blocks)), 1)))
-    forgotten = indexes._engines["a"].index
     gc.collect()
     before = sys.getallocatedblocks()
     fleet.reconcile("static", [])
     assert abs(sys.getallocatedblocks() - before) < 1000
-    assert forgotten.charged == blocks
-    await wait_until(lambda: _true(not forgotten.deferred), timeout=5, what="the index freed")
-    assert forgotten.charged == 0
+
+    async def freed() -> bool:
+        return sys.getallocatedblocks() < before - blocks  # two ints a block, at least
+
+    await wait_until(freed, timeout=5, what="the removed engine's index freed")
