@@ -447,8 +447,9 @@ async def test_engines_sharing_one_kv_event_endpoint_get_no_stream_and_say_why(
     await wait_until(a_again, timeout=5, what="a subscriber for a again")
 
 
-async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stops_adding() -> None:
-    """Issue 17, finding 4: an engine advertising 10**17 blocks grew the router by 1.7 GiB."""
+@pytest.fixture
+async def bounded() -> AsyncIterator[tuple[Fleet, KvIndexes]]:
+    """Engine a, its index bounded to 6 blocks, and to an equal share of 10 with others."""
     FakeSubscriber.started = []
     clock = FakeClock()
     fleet = Fleet(unhealthy_after=1, clock=clock)
@@ -468,33 +469,69 @@ async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stop
     fleet.reconcile("static", [spec("a", url="http://10.0.0.1:8000")])
     indexes.start()
     try:
-        sink = await engine_a_connected()
-        sink.batch(0, batch(STORE, BlockStored([5, 6, 7], 4, list(range(16, 28)), BLOCK)))
-        view = indexes.view("a")
-        assert view is not None
-        assert (view.blocks, view.refused_blocks, view.trust) == (6, 1, IndexTrust.REBUILDING)
-        assert (view.memory_bytes, view.memory_limit_bytes) == (6 * BLOCK_BYTES, 6 * BLOCK_BYTES)
-        assert view.reason == "over its memory bound of 0.0 MiB (6 blocks): new blocks not indexed"
-        sink.clear(ClearReason.GAP)
-        sink.batch(1, batch(BlockStored([8], None, [9, 9, 9, 9], BLOCK)))
-        view = indexes.view("a")
-        assert view is not None
-        assert (view.blocks, view.hints, view.refused_blocks) == (0, 6, 2)  # hints count
-        assert view.memory_bytes == 6 * BLOCK_BYTES
-        fleet.upsert(spec("b", url="http://10.0.0.2:8000"))
-        indexes.tick()
-        for engine in ("a", "b"):
-            view = indexes.view(engine)
-            assert view is not None and view.memory_limit_bytes == 5 * BLOCK_BYTES
-
-        async def released() -> bool:
-            view = indexes.view("a")
-            return view is not None and view.memory_bytes == 0
-
-        await wait_until(released, timeout=5, what="a's hints over its new share released")
-        assert indexes.match("a", KEYS) == 0
+        yield fleet, indexes
     finally:
         await indexes.close()
+
+
+async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stops_adding(
+    bounded: tuple[Fleet, KvIndexes],
+) -> None:
+    """Issue 17, finding 4: an engine advertising 10**17 blocks grew the router by 1.7 GiB."""
+    fleet, indexes = bounded
+    sink = await engine_a_connected()
+    sink.batch(0, batch(STORE, BlockStored([5, 6, 7], 4, list(range(16, 28)), BLOCK)))
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.blocks, view.refused_blocks, view.trust) == (6, 1, IndexTrust.REBUILDING)
+    assert (view.memory_bytes, view.memory_limit_bytes) == (6 * BLOCK_BYTES, 6 * BLOCK_BYTES)
+    assert view.reason == "over its memory bound of 0.0 MiB (6 blocks): new blocks not indexed"
+    sink.clear(ClearReason.GAP)
+    sink.batch(1, batch(BlockStored([8], None, [9, 9, 9, 9], BLOCK)))
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.blocks, view.hints, view.refused_blocks) == (0, 6, 2)  # hints count
+    assert view.memory_bytes == 6 * BLOCK_BYTES
+    fleet.upsert(spec("b", url="http://10.0.0.2:8000"))
+    indexes.tick()
+    for engine in ("a", "b"):
+        view = indexes.view(engine)
+        assert view is not None and view.memory_limit_bytes == 5 * BLOCK_BYTES
+    await a_freed(indexes)  # its hints, over its new share
+    assert indexes.match("a", KEYS) == 0
+
+
+async def a_freed(indexes: KvIndexes) -> None:
+    """Until engine a's index is charged nothing: what it dropped was freed."""
+
+    async def freed() -> bool:
+        view = indexes.view("a")
+        return view is not None and view.memory_bytes == 0
+
+    await wait_until(freed, timeout=5, what="engine a's dropped blocks freed")
+
+
+async def test_an_index_over_a_share_that_shrank_is_cleared_and_rebuilds(
+    bounded: tuple[Fleet, KvIndexes],
+) -> None:
+    fleet, indexes = bounded
+    sink = await engine_a_connected()
+    sink.batch(0, batch(STORE, BlockStored([5, 6], 4, list(range(16, 24)), BLOCK)))
+    fleet.upsert(spec("b", url="http://10.0.0.2:8000"))
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.memory_limit_bytes) == (
+        IndexTrust.REBUILDING,
+        0,
+        5 * BLOCK_BYTES,
+    )
+    assert view.reason == (
+        "rebuilding for 0s: cleared, over its share of memory (5 blocks) after engines were added"
+    )
+    await a_freed(indexes)  # what is being freed counts until it is
+    sink.batch(1, batch(STORE))
+    assert indexes.match("a", KEYS) == 4
 
 
 async def test_a_removed_engines_index_is_freed_a_slice_at_a_time(
