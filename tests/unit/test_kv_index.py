@@ -374,3 +374,18 @@ def test_an_index_stops_adding_at_its_limit_and_counts_hints_against_it() -> Non
         pass
     index.apply(stored([8], None, [9, 9, 9, 9]))
     assert (len(index), index.charged, index.refused) == (1, 1, 3)
+
+
+def test_hints_all_confirmed_are_still_charged_until_dropped_then_freed() -> None:
+    """Their tables keep their size: dropping them hands the charge to `tidy`."""
+    index = EngineIndex()
+    index.apply(stored([1, 2], None, list(range(8))))
+    index.keep_as_hints()
+    index.apply(stored([3], 2, [8, 9, 10, 11]))
+    while index.tidy(100):
+        pass
+    assert (index.hints, index.keeps_hints, len(index), index.charged) == (0, True, 3, 5)
+    index.drop_hints()
+    while index.tidy(100):
+        pass
+    assert (index.keeps_hints, index.charged) == (False, 3)

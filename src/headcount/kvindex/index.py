@@ -144,6 +144,11 @@ class EngineIndex:
         return len(self._hint_key_of)
 
     @property
+    def keeps_hints(self) -> bool:
+        """Whether hints are kept (maybe none left: confirmed or removed) until `drop_hints`."""
+        return self._hint_charge > 0
+
+    @property
     def kept(self) -> int:
         """The blocks charged for what the index holds: held, extra copies and hints."""
         return len(self._key_of) + len(self._copies) + len(self._pending) + self._hint_charge
@@ -237,7 +242,7 @@ class EngineIndex:
         )
 
     def _drop(self, container: _Container, charge: int) -> None:
-        if container:
+        if container or charge:  # an emptied table keeps its size: freed by `tidy` too
             self._dropped.append((container, charge))
             self._dropped_charge += charge
 

@@ -438,7 +438,7 @@ class KvIndexes:
                     tracked.clear(ClearReason.OVERFLOW)
                 self._check_hits(tracked, load.prefix_cache_hits, now)
             since = tracked.facts.rebuilding_since
-            if tracked.index.hints and (since is None or now - since >= self.rebuild_window):
+            if tracked.index.keeps_hints and (since is None or now - since >= self.rebuild_window):
                 tracked.index.drop_hints()
             tracked.refresh()
 
