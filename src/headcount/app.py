@@ -291,6 +291,8 @@ async def build_kv_wiring(
         idle_timeout=settings.idle_timeout,
         replay_timeout=settings.replay_timeout,
         clock=clock,
+        max_bytes=settings.index_max_bytes,
+        max_bytes_per_engine=settings.index_max_bytes_per_engine,
     )
     log.info(
         "kv-aware: KV events from engine ports %d (replay %d), tokens from %s",

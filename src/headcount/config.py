@@ -408,6 +408,16 @@ class KvEventsSettings:
     used out): about 4 million tokens of English with their text (~8 bytes a token), a few
     thousand tenants' system prompts and their recent turns, within the router's own size.
     Tokenizing anew costs about 1 ms per 1,000 tokens."""
+    index_max_bytes: int = 1 << 30
+    """All engines' cache indexes together: about 5.6 million blocks (192 bytes each at most),
+    enough for 200 engines of 28,000 blocks (an 80 GB H100 serving an 8B model). Each engine
+    gets an equal share, at most `index_max_bytes_per_engine`."""
+    index_max_bytes_per_engine: int = 64 << 20
+    """One engine's cache index: 349,525 blocks, 12 times an H100's with an 8B model. It
+    also bounds the longest step on the event loop: an index's dictionaries grow by copying
+    their table at once, and at this size the largest copy (174,763 entries) takes 15 to
+    20 ms where 700,000 took 80 on a busy 2-core machine; a 141 GB H200 serving a 0.5B
+    model (700,000 blocks) needs 128MiB and pays that."""
 
     def __post_init__(self) -> None:
         for flag, port in (
@@ -416,6 +426,12 @@ class KvEventsSettings:
         ):
             if not 1 <= port <= 65535:
                 raise ConfigError(f"{flag} {port}: use 1-65535")
+        for flag, size in (
+            ("--kv-index-max-bytes", self.index_max_bytes),
+            ("--kv-index-max-bytes-per-engine", self.index_max_bytes_per_engine),
+        ):
+            if size < 1 << 20:
+                raise ConfigError(f"{flag} {size}: use at least 1MiB")
         _require_positive(
             ("--kv-events-idle-timeout", self.idle_timeout),
             ("--kv-events-replay-timeout", self.replay_timeout),

@@ -32,3 +32,7 @@ class FakeIndexView:
     predicted_hit_tokens: int = 0
     reported_hit_tokens: float | None = None
     unknown_parents: int = 0
+    hints: int = 0
+    memory_bytes: int = 0
+    memory_limit_bytes: int = 256 << 20
+    refused_blocks: int = 0

@@ -27,6 +27,10 @@ EXPORTED_METRICS = frozenset(METRIC_LABELS)
 KV_METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_kv_index_state": frozenset({"engine", "state"}),
     "headcount_kv_index_blocks": frozenset({"engine"}),
+    "headcount_kv_index_hints": frozenset({"engine"}),
+    "headcount_kv_index_memory_bytes": frozenset({"engine"}),
+    "headcount_kv_index_memory_limit_bytes": frozenset({"engine"}),
+    "headcount_kv_index_refused_blocks_total": frozenset({"engine"}),
     "headcount_kv_events_applied_total": frozenset({"engine"}),
     "headcount_kv_event_gaps_total": frozenset({"engine"}),
     "headcount_kv_replays_total": frozenset({"engine", "outcome"}),

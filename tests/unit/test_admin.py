@@ -361,7 +361,16 @@ async def test_an_unknown_path_is_not_found_whatever_the_method(admin: Admin, me
 
 # ------------------------------------------------------------------ kv-aware: cache indexes
 
-KV_INDEX_KEYS = {"state", "reason", "blocks", "capacity", "last_event_age_s"}
+KV_INDEX_KEYS = {
+    "state",
+    "reason",
+    "blocks",
+    "hints",
+    "memory_bytes",
+    "memory_limit_bytes",
+    "capacity",
+    "last_event_age_s",
+}
 
 
 def kv_admin(views: dict[str, FakeIndexView], *names: str) -> Admin:
@@ -373,7 +382,9 @@ def kv_admin(views: dict[str, FakeIndexView], *names: str) -> Admin:
 
 async def test_engines_show_each_index_state_in_the_issue_words() -> None:
     views = {
-        "uid-a": FakeIndexView(IndexTrust.SYNCED, "events flowing", 40, 1000, 16, 0.25),
+        "uid-a": FakeIndexView(
+            IndexTrust.SYNCED, "events flowing", 40, 1000, 16, 0.25, hints=7, memory_bytes=9216
+        ),
         "uid-b": FakeIndexView(IndexTrust.REBUILDING, "cleared: restart", 3, 1000),
         "uid-c": FakeIndexView(IndexTrust.STALE, "no event for 12s", 900, 1000, 16, 12.0004),
         "uid-d": FakeIndexView(IndexTrust.OFF, "cannot connect to :5557"),
@@ -386,6 +397,9 @@ async def test_engines_show_each_index_state_in_the_issue_words() -> None:
         "state": "synced",
         "reason": "events flowing",
         "blocks": 40,
+        "hints": 7,
+        "memory_bytes": 9216,
+        "memory_limit_bytes": 256 << 20,
         "capacity": 1000,
         "last_event_age_s": 0.25,
     }
@@ -461,6 +475,10 @@ async def test_kv_metrics_follow_the_views_and_vanish_with_the_engine() -> None:
             clears={ClearReason.GAP: 1},
             predicted_hit_tokens=640,
             reported_hit_tokens=512.0,
+            hints=5,
+            memory_bytes=8640,
+            memory_limit_bytes=1 << 20,
+            refused_blocks=3,
         ),
         "uid-b": FakeIndexView(IndexTrust.OFF),
     }
@@ -482,6 +500,10 @@ async def test_kv_metrics_follow_the_views_and_vanish_with_the_engine() -> None:
 
     assert [value("headcount_kv_index_state", state=t.value) for t in IndexTrust] == [0, 0, 1, 0]
     assert value("headcount_kv_index_blocks") == 40
+    assert value("headcount_kv_index_hints") == 5
+    assert value("headcount_kv_index_memory_bytes") == 8640
+    assert value("headcount_kv_index_memory_limit_bytes") == 1 << 20
+    assert value("headcount_kv_index_refused_blocks_total") == 3
     assert value("headcount_kv_events_applied_total") == 120
     assert value("headcount_kv_event_gaps_total") == 2
     assert value("headcount_kv_replays_total", outcome="filled") == 1

@@ -204,6 +204,10 @@ def test_kv_event_flags_fill_the_kv_settings(tmp_path: Path) -> None:
         str(tmp_path),
         "--tokenize-timeout",
         "250ms",
+        "--kv-index-max-bytes",
+        "2GiB",
+        "--kv-index-max-bytes-per-engine",
+        "128MiB",
     )
     assert settings.proxy.routing is RoutingName.KV_AWARE
     assert settings.kv_events == KvEventsSettings(
@@ -216,6 +220,8 @@ def test_kv_event_flags_fill_the_kv_settings(tmp_path: Path) -> None:
         budget=200_000,
         tokenizer=str(tmp_path),
         tokenize_timeout=0.25,
+        index_max_bytes=2 << 30,
+        index_max_bytes_per_engine=128 << 20,
     )
 
 
@@ -240,6 +246,11 @@ def test_kv_event_flags_default_to_vllms_ports_and_the_engines_tokenize() -> Non
         (lambda: KvEventsSettings(max_frame=512), "--kv-events-max-frame 512: use at least 1KiB"),
         (lambda: KvEventsSettings(budget=0), "--kv-events-budget must be positive"),
         (lambda: KvEventsSettings(tokenizer="/nonexistent"), r"--tokenizer /nonexistent: no"),
+        (lambda: KvEventsSettings(index_max_bytes=1000), "--kv-index-max-bytes 1000: use at"),
+        (
+            lambda: KvEventsSettings(index_max_bytes_per_engine=0),
+            "--kv-index-max-bytes-per-engine 0: use at least 1MiB",
+        ),
     ],
 )
 def test_kv_event_settings_are_checked(build: Callable[[], object], needle: str) -> None:
@@ -265,6 +276,8 @@ def test_kv_flags_say_their_default_and_unit() -> None:
         ("--kv-events-idle-timeout", "10s"),
         ("--kv-events-replay-timeout", "2s"),
         ("--tokenize-timeout", "1s"),
+        ("--kv-index-max-bytes-per-engine", "64MiB"),
     ):
         help_text = " ".join(text.split(flag, 2)[-1].split("--")[0].split())
         assert f"default {default}" in help_text, flag
+    assert "shared equally (default 1GiB)" in " ".join(text.split())

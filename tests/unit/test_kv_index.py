@@ -7,8 +7,11 @@ chained keys. What the index says a prompt holds must be what the model says.
 
 from __future__ import annotations
 
+import gc
+import sys
+import tracemalloc
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +24,7 @@ from headcount.kvevents import (
     KvEvent,
     decode_batch,
 )
-from headcount.kvindex.index import EngineIndex
+from headcount.kvindex.index import BLOCK_BYTES, EngineIndex
 from headcount.kvindex.keys import block_keys
 from tests.support.kv_fixtures import VERSIONS, fixture, frames_of
 
@@ -258,6 +261,10 @@ def test_a_block_stored_after_a_hint_makes_the_hint_and_its_ancestors_held_again
     index.apply(stored([1, 2, 3], None, list(range(12))))
     index.keep_as_hints()
     assert index.apply(stored([4], 3, [12, 13, 14, 15]))
+    assert (len(index), index.hints) == (2, 2)
+    assert index.tidy(1) == 1
+    assert (len(index), index.hints) == (3, 1)
+    index.tidy(100)
     index.drop_hints()
     assert index.match(block_keys(list(range(16)), BLOCK, None)) == 4
     assert (len(index), index.copies, index.unknown_parents) == (4, 4, 0)
@@ -271,3 +278,114 @@ def test_a_removed_hint_is_gone_and_a_clear_forgets_hints_too() -> None:
     assert (index.match(block_keys(list(range(8)), BLOCK, None)), index.unknown_removals) == (1, 0)
     index.apply(AllBlocksCleared())
     assert (index.hints, index.match(block_keys(list(range(8)), BLOCK, None))) == (0, 0)
+
+
+def _allocations(action: Callable[[], object]) -> int:
+    """Objects allocated (positive) or freed (negative) while `action` ran: the work it did
+    on the index's entries, whatever the machine's speed."""
+    gc.collect()
+    gc.disable()
+    try:
+        before = sys.getallocatedblocks()
+        action()
+        return sys.getallocatedblocks() - before
+    finally:
+        gc.enable()
+
+
+LONG = 50_000
+"""Blocks in one long chain: far more than any O(1) step allocates or frees."""
+
+
+def _one_long_chain() -> EngineIndex:
+    index = EngineIndex()
+    index.apply(BlockStored(list(range(1, LONG + 1)), None, list(range(LONG)), 1))  # type: ignore[arg-type]
+    return index
+
+
+def test_keeping_as_hints_dropping_and_clearing_do_not_walk_the_index() -> None:
+    """Issue 17, finding 3: a 12-byte gap made the loop copy 3 million blocks into hints."""
+    index = _one_long_chain()
+    for step in (index.keep_as_hints, index.keep_as_hints, index.drop_hints, index.clear):
+        index.apply(BlockStored([LONG + 1], None, [0], 1))
+        assert abs(_allocations(step)) < 100, step.__name__
+
+
+def test_a_block_stored_after_a_long_hinted_chain_confirms_it_in_bounded_steps() -> None:
+    """Issue 17, finding 3: a 127-byte store whose parent was a hint walked the whole chain."""
+    index = _one_long_chain()
+    index.keep_as_hints()
+    store = BlockStored([LONG + 1], LONG, [LONG], 1)
+    assert abs(_allocations(lambda: index.apply(store))) < 100
+    steps = 0
+    while index.tidy(1000):
+        steps += 1
+        assert steps <= LONG // 1000 + 1
+    index.drop_hints()
+    assert index.match(block_keys(list(range(LONG + 1)), 1, None)) == LONG + 1
+
+
+def test_what_an_index_drops_is_freed_in_steps_of_a_bounded_size() -> None:
+    index = _one_long_chain()
+    index.clear()
+    assert index.charged == LONG
+    freed = []
+    while index.deferred:
+        freed.append(-_allocations(lambda: index.tidy(5000)))
+        assert len(freed) <= 2 * LONG // 5000
+    assert index.charged == 0
+    assert max(freed) < 5000 * 2
+    assert sum(freed) > LONG
+
+
+def test_an_index_keeps_a_block_in_block_bytes_at_most_and_charges_that() -> None:
+    """Issue 17, finding 4: about 290 MiB per million blocks (the wire sends 6 bytes each)."""
+    blocks = 100_000
+    index = EngineIndex()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for start in range(0, blocks, 16):
+            hashes = [(start + n) * 0x9E3779B97F4A7C15 for n in range(16)]
+            index.apply(BlockStored(hashes, None, list(range(start, start + 256)), 16))  # type: ignore[arg-type]
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept / blocks <= 192
+    assert kept <= index.charged * BLOCK_BYTES
+
+
+def test_an_index_stops_adding_at_its_limit_and_counts_hints_against_it() -> None:
+    index = EngineIndex(limit=6)
+    index.apply(stored([1, 2, 3, 4], None, list(range(16))))
+    index.apply(stored([5, 6, 7], 4, list(range(16, 28))))
+    keys = block_keys(list(range(28)), BLOCK, None)
+    assert (len(index), index.match(keys), index.refused) == (6, 6, 1)
+    index.keep_as_hints()
+    index.apply(stored([8], None, [9, 9, 9, 9]))
+    assert (len(index), index.hints, index.refused, index.charged) == (0, 6, 2, 6)
+    index.apply(stored([9], 4, list(range(16, 20))))  # no room to hold its parent again
+    assert (index.hints, index.refused, index.match(keys)) == (6, 3, 6)
+    index.apply(BlockRemoved([1]))
+    assert index.match(keys) == 0
+    index.drop_hints()
+    while index.tidy(100):
+        pass
+    index.apply(stored([8], None, [9, 9, 9, 9]))
+    assert (len(index), index.charged, index.refused) == (1, 1, 3)
+
+
+def test_hints_all_confirmed_are_still_charged_until_dropped_then_freed() -> None:
+    """Their tables keep their size: dropping them hands the charge to `tidy`."""
+    index = EngineIndex()
+    index.apply(stored([1, 2], None, list(range(8))))
+    index.keep_as_hints()
+    index.apply(stored([3], 2, [8, 9, 10, 11]))
+    while index.tidy(100):
+        pass
+    assert (index.hints, index.keeps_hints, len(index), index.charged) == (0, True, 3, 5)
+    index.drop_hints()
+    while index.tidy(100):
+        pass
+    assert (index.keeps_hints, index.charged) == (False, 3)

@@ -8,6 +8,8 @@ engine's scrape through the fleet's `apply_probe`.
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,7 +17,9 @@ import pytest
 from headcount.fleet import Fleet, ProbeResult
 from headcount.fleet.vllm_load import VllmLoad
 from headcount.kvevents import BlockRemoved, BlockStored, EventBatch, KvEvent
+from headcount.kvindex.index import BLOCK_BYTES
 from headcount.kvindex.keys import block_keys
+from headcount.kvindex.memory import TIDY_SLICE
 from headcount.kvindex.registry import KvIndexes
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust
@@ -429,3 +433,147 @@ async def test_a_restart_the_stream_showed_is_not_cleared_again_by_the_counter(
     scrape(fleet, indexes, 20)
     assert indexes.match("a", KEYS) == 4
     assert _trust(indexes) is IndexTrust.SYNCED
+
+
+async def test_engines_sharing_one_kv_event_endpoint_get_no_stream_and_say_why(
+    world: tuple[Fleet, KvIndexes, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 17, finding 12: two engines on one host read one stream, each predicted to hold
+    the other's prefixes. The events do not say which engine sent them: neither gets them."""
+    fleet, indexes, _ = world
+    a = await subscriber_of("10.0.0.1")
+    a.sink.connected(True)
+    a.sink.batch(0, batch(STORE))
+    fleet.upsert(spec("b", url="http://10.0.0.1:8001"))
+    indexes.tick()
+    for engine, other in (("a", "b"), ("b", "a")):
+        assert indexes.match(engine, KEYS) is None
+        view = indexes.view(engine)
+        assert view is not None
+        assert (view.trust, view.blocks, view.memory_limit_bytes) == (IndexTrust.OFF, 0, 0)
+        assert view.reason == (
+            f"tcp://10.0.0.1:5557 is also {other}'s KV-event endpoint: events not attributed; "
+            "give each engine its own kv-events-port annotation"
+        )
+    await wait_until(lambda: _true(a.cancelled), timeout=5, what="a's subscriber cancelled")
+    assert sum("10.0.0.1" in s.target.endpoint for s in FakeSubscriber.started) == 1
+    assert "engines a, b share the KV-event endpoint tcp://10.0.0.1:5557" in caplog.text
+    fleet.upsert(spec("b", url="http://10.0.0.1:8001", kv_events_port=6000))
+    indexes.tick()
+    assert "engines a, b share the KV-event endpoint tcp://10.0.0.1:5558" in caplog.text
+    fleet.upsert(
+        spec("b", url="http://10.0.0.1:8001", kv_events_port=6000, kv_events_replay_port=6001)
+    )
+    indexes.tick()
+    await subscriber_of(":6000")
+
+    async def a_again() -> bool:
+        return sum(s.target.endpoint.endswith(":5557") for s in FakeSubscriber.started) == 2
+
+    await wait_until(a_again, timeout=5, what="a subscriber for a again")
+
+
+@pytest.fixture
+async def bounded() -> AsyncIterator[tuple[Fleet, KvIndexes]]:
+    """Engine a, its index bounded to 6 blocks, and to an equal share of 10 with others."""
+    FakeSubscriber.started = []
+    clock = FakeClock()
+    fleet = Fleet(unhealthy_after=1, clock=clock)
+    indexes = KvIndexes(
+        fleet,
+        subscriber=FakeSubscriber,
+        port=5557,
+        replay_port=5558,
+        topic="",
+        idle_timeout=10.0,
+        replay_timeout=2.0,
+        clock=clock,
+        tick=3600.0,
+        max_bytes=10 * BLOCK_BYTES,
+        max_bytes_per_engine=6 * BLOCK_BYTES,
+    )
+    fleet.reconcile("static", [spec("a", url="http://10.0.0.1:8000")])
+    indexes.start()
+    try:
+        yield fleet, indexes
+    finally:
+        await indexes.close()
+
+
+async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stops_adding(
+    bounded: tuple[Fleet, KvIndexes],
+) -> None:
+    """Issue 17, finding 4: an engine advertising 10**17 blocks grew the router by 1.7 GiB."""
+    fleet, indexes = bounded
+    sink = await engine_a_connected()
+    sink.batch(0, batch(STORE, BlockStored([5, 6, 7], 4, list(range(16, 28)), BLOCK)))
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.blocks, view.refused_blocks, view.trust) == (6, 1, IndexTrust.REBUILDING)
+    assert (view.memory_bytes, view.memory_limit_bytes) == (6 * BLOCK_BYTES, 6 * BLOCK_BYTES)
+    assert view.reason == "over its memory bound of 0.0 MiB (6 blocks): new blocks not indexed"
+    sink.clear(ClearReason.GAP)
+    sink.batch(1, batch(BlockStored([8], None, [9, 9, 9, 9], BLOCK)))
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.blocks, view.hints, view.refused_blocks) == (0, 6, 2)  # hints count
+    assert view.memory_bytes == 6 * BLOCK_BYTES
+    fleet.upsert(spec("b", url="http://10.0.0.2:8000"))
+    indexes.tick()
+    for engine in ("a", "b"):
+        view = indexes.view(engine)
+        assert view is not None and view.memory_limit_bytes == 5 * BLOCK_BYTES
+    await a_freed(indexes)  # its hints, over its new share
+    assert indexes.match("a", KEYS) == 0
+
+
+async def a_freed(indexes: KvIndexes) -> None:
+    """Until engine a's index is charged nothing: what it dropped was freed."""
+
+    async def freed() -> bool:
+        view = indexes.view("a")
+        return view is not None and view.memory_bytes == 0
+
+    await wait_until(freed, timeout=5, what="engine a's dropped blocks freed")
+
+
+async def test_an_index_over_a_share_that_shrank_is_cleared_and_rebuilds(
+    bounded: tuple[Fleet, KvIndexes],
+) -> None:
+    fleet, indexes = bounded
+    sink = await engine_a_connected()
+    sink.batch(0, batch(STORE, BlockStored([5, 6], 4, list(range(16, 24)), BLOCK)))
+    fleet.upsert(spec("b", url="http://10.0.0.2:8000"))
+    indexes.tick()
+    view = indexes.view("a")
+    assert view is not None
+    assert (view.trust, view.blocks, view.memory_limit_bytes) == (
+        IndexTrust.REBUILDING,
+        0,
+        5 * BLOCK_BYTES,
+    )
+    assert view.reason == (
+        "rebuilding for 0s: cleared, over its share of memory (5 blocks) after engines were added"
+    )
+    await a_freed(indexes)  # what is being freed counts until it is
+    sink.batch(1, batch(STORE))
+    assert indexes.match("a", KEYS) == 4
+
+
+async def test_a_removed_engines_index_is_freed_a_slice_at_a_time(
+    world: tuple[Fleet, KvIndexes, FakeClock],
+) -> None:
+    """Issue 17, finding 3: freeing millions of blocks at once stalls the loop as copying does."""
+    fleet, _, _ = world
+    sink = await engine_a_connected()
+    blocks = 3 * TIDY_SLICE
+    sink.batch(0, batch(BlockStored(list(range(1, blocks + 1)), None, list(range(blocks)), 1)))
+    gc.collect()
+    before = sys.getallocatedblocks()
+    fleet.reconcile("static", [])
+    assert abs(sys.getallocatedblocks() - before) < 1000
+
+    async def freed() -> bool:
+        return sys.getallocatedblocks() < before - blocks  # two ints a block, at least
+
+    await wait_until(freed, timeout=5, what="the removed engine's index freed")

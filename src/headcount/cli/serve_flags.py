@@ -422,6 +422,20 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         "per 128 bytes); an engine over it is read more slowly (default %(default)s)",
     )
     kv.add_argument(
+        "--kv-index-max-bytes",
+        type=parse_size,
+        default=kv_d.index_max_bytes,
+        help="memory all engines' cache indexes may take together, shared equally "
+        f"(default {format_size(kv_d.index_max_bytes)})",
+    )
+    kv.add_argument(
+        "--kv-index-max-bytes-per-engine",
+        type=parse_size,
+        default=kv_d.index_max_bytes_per_engine,
+        help="memory one engine's cache index may take at most "
+        f"(default {format_size(kv_d.index_max_bytes_per_engine)})",
+    )
+    kv.add_argument(
         "--tokenizer",
         metavar="DIR|builtin",
         default=kv_d.tokenizer,
@@ -536,5 +550,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             tokenizer=ns.tokenizer,
             tokenize_timeout=ns.tokenize_timeout,
             tokenizer_cache_size=ns.tokenizer_cache_size,
+            index_max_bytes=ns.kv_index_max_bytes,
+            index_max_bytes_per_engine=ns.kv_index_max_bytes_per_engine,
         ),
     )

@@ -6,7 +6,10 @@ its host (ports from its annotations, else the router's defaults), the
 `EngineIndex` the events build and the `TrustFacts` they and the router's
 own traffic record. An engine that appears gets a subscriber at once; one
 whose address or ports change gets a new subscriber and an empty index; one
-that leaves takes every piece of its state with it. A tick every second
+that leaves takes every piece of its state with it. Engines sharing a
+KV-event endpoint get no subscriber (`endpoints.py`). Each index gets its
+share of the memory bounds (`memory.py`); one over a share that shrank (more
+engines) loses its hints, then what it holds, and rebuilds. A tick every second
 re-reads the fleet (so an annotation change is seen even when nothing else
 changed), applies each engine's advertised capacity, drops the hints a gap
 the replay could not fill left (`EngineIndex.keep_as_hints`) once the rebuild
@@ -29,6 +32,10 @@ what the index predicted:
 Routing reads `match` (None for an unusable index), `block_size`, and tells
 `routed` (at dispatch) and `prefilled` (at a 2xx first byte); all are O(1) but
 `match`, O(the request's blocks).
+
+Over 450 lines: an engine's sink (`_Tracked`) and the registry's tick write
+the same trust facts (the stream's, the scrape's, the memory share's), and
+split apart each would reach into the other's state.
 """
 
 from __future__ import annotations
@@ -38,13 +45,15 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from headcount.clock import Clock
-from headcount.fleet import EngineSpec, Fleet, FleetChange
+from headcount.config import KvEventsSettings
+from headcount.fleet import Fleet, FleetChange
 from headcount.kvevents import AllBlocksCleared, EventBatch
-from headcount.kvindex.index import DEFAULT_CAPACITY, EngineIndex
+from headcount.kvindex.endpoints import Endpoints, shared_endpoints
+from headcount.kvindex.index import BLOCK_BYTES, DEFAULT_CAPACITY, EngineIndex
 from headcount.kvindex.keys import BlockKey
+from headcount.kvindex.memory import IndexMemory
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberFactory, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust, TrustFacts, evaluate
 from headcount.kvindex.view import IndexView
@@ -76,12 +85,14 @@ class _Window:
 class _Tracked(StreamSink):
     """One engine: its subscriber task, index, trust facts and counters; the stream's sink."""
 
-    def __init__(self, name: str, target: SubscriberTarget, owner: KvIndexes) -> None:
+    def __init__(
+        self, name: str, target: SubscriberTarget, owner: KvIndexes, shared: str | None
+    ) -> None:
         self.name = name
         self.target = target
         self._owner = owner
         self.index = EngineIndex()
-        self.facts = TrustFacts(endpoint=target.endpoint)
+        self.facts = TrustFacts(endpoint=target.endpoint, shared=shared)
         self.trust, self.reason = self._evaluate()
         self.task: asyncio.Task[None] | None = None
         self.last_event_at: float | None = None
@@ -102,6 +113,7 @@ class _Tracked(StreamSink):
 
     def batch(self, seq: int, batch: EventBatch) -> None:
         now = self._owner.now()
+        refused = self.index.refused
         for event in batch.events:
             if not self.index.apply(event):
                 self.facts.unknown_parent_at = now
@@ -110,6 +122,13 @@ class _Tracked(StreamSink):
         self.events_applied += len(batch.events)
         self.last_event_at = now
         self.facts.awaiting_since, self.facts.awaiting_answers = None, 0
+        if self.index.refused > refused:
+            limit = self.index.limit
+            self.facts.refused_at = now
+            self.facts.refused_why = (
+                f"over its memory bound of {limit * BLOCK_BYTES / 2**20:.1f} MiB "
+                f"({limit} blocks): new blocks not indexed"
+            )
         if self.index.overflowing:
             self.clear(ClearReason.OVERFLOW)
         self.refresh()
@@ -158,6 +177,21 @@ class _Tracked(StreamSink):
         """From the events, else as scraped from `vllm:cache_config_info`."""
         return self.index.block_size or self.scraped_block_size
 
+    def share(self, limit: int) -> None:
+        """Bound the index to `limit` blocks; over it, its hints go, then what it holds."""
+        index = self.index
+        index.limit = limit
+        if index.kept <= limit:
+            return
+        index.drop_hints()
+        if index.kept > limit:
+            index.clear()
+            self.facts.rebuilding_since = self._owner.now()
+            self.facts.rebuilding_why = (
+                f"cleared, over its share of memory ({limit} blocks) after engines were added"
+            )
+        self.refresh()
+
     def restarted_unseen(self, now: float) -> None:
         """The engine restarted without its stream showing it (its hit counter went back):
         emptied, and rebuilding, since events may have come from the new process already."""
@@ -181,6 +215,8 @@ class _Tracked(StreamSink):
             level = logging.WARNING if not trust.usable else logging.INFO
             _log.log(level, "kv index of %s: %s -> %s (%s)", self.name, self.trust, trust, reason)
         self.trust, self.reason = trust, reason
+        if self.index.deferred:
+            self._owner.memory.wanted()
 
     def view(self, now: float) -> IndexView:
         last = self.last_event_at
@@ -188,6 +224,10 @@ class _Tracked(StreamSink):
             trust=self.trust,
             reason=self.reason,
             blocks=len(self.index),
+            hints=self.index.hints,
+            memory_bytes=self.index.charged * BLOCK_BYTES,
+            memory_limit_bytes=self.index.limit * BLOCK_BYTES,
+            refused_blocks=self.index.refused,
             capacity=None if self.index.capacity == DEFAULT_CAPACITY else self.index.capacity,
             block_size=self.block_size,
             last_event_age=None if last is None else now - last,
@@ -221,11 +261,12 @@ class KvIndexes:
         check_window: float = 30.0,
         min_requests: int = 8,
         tick: float = 1.0,
+        max_bytes: int = KvEventsSettings.index_max_bytes,
+        max_bytes_per_engine: int = KvEventsSettings.index_max_bytes_per_engine,
     ) -> None:
         self._fleet = fleet
         self._subscriber = subscriber
-        self._port, self._replay_port, self._topic = port, replay_port, topic
-        self._replay_timeout = replay_timeout
+        self._endpoints = Endpoints(port, replay_port, topic, replay_timeout)
         self.idle_timeout = idle_timeout
         self.rebuild_window = rebuild_window
         self._check_window = check_window
@@ -233,21 +274,29 @@ class KvIndexes:
         self.now = clock
         self._sleep = sleep
         self._tick = tick
+        self.memory = IndexMemory(max_bytes, max_bytes_per_engine)
         self._engines: dict[str, _Tracked] = {}
+        self._shared: frozenset[tuple[str, tuple[str, ...]]] = frozenset()
+        """The endpoints more than one engine resolves to, with those engines' names."""
         self._ticker: asyncio.Task[None] | None = None
+        self._tidier: asyncio.Task[None] | None = None
         self._closed = False
 
     def start(self) -> None:
         """Subscribe to every known engine and follow the fleet from now on."""
         self._fleet.subscribe(self._on_change)
         self._reconcile()
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+        loop = asyncio.get_running_loop()
+        self._ticker = loop.create_task(self._tick_forever())
+        self._tidier = loop.create_task(
+            self.memory.run(lambda: (t.index for t in self._engines.values())),
+            name="kv index tidying",
+        )
 
     async def close(self) -> None:
         self._closed = True  # the fleet keeps its listeners: later changes start nothing
         tasks = [t.task for t in self._engines.values() if t.task is not None]
-        if self._ticker is not None:
-            tasks.append(self._ticker)
+        tasks += [t for t in (self._ticker, self._tidier) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -303,42 +352,56 @@ class KvIndexes:
         engines = self._fleet.snapshot.by_id
         for engine_id in [e for e in self._engines if e not in engines]:
             self._forget(engine_id)
+        targets = {engine_id: self._endpoints.target(e.spec) for engine_id, e in engines.items()}
+        shared = shared_endpoints({i: e.spec.name for i, e in engines.items()}, targets)
+        self._warn_shared(shared.groups)
         for engine_id, engine in engines.items():
-            target = self._target(engine.spec)
+            target, why = targets[engine_id], shared.why.get(engine_id)
             tracked = self._engines.get(engine_id)
-            if tracked is not None and tracked.target == target:
+            if tracked is not None and (tracked.target, tracked.facts.shared) == (target, why):
                 tracked.name = engine.spec.name
                 continue
             if tracked is not None:
                 self._forget(engine_id)
             if target is not None:
-                self._follow(engine_id, engine.spec.name, target)
+                self._follow(engine_id, engine.spec.name, target, why)
+        self._share_memory()
 
-    def _target(self, spec: EngineSpec) -> SubscriberTarget | None:
-        host = urlsplit(spec.url).hostname
-        if not host:
-            return None
-        host = f"[{host}]" if ":" in host else host
-        port = spec.kv_events_port or self._port
-        replay = spec.kv_events_replay_port or self._replay_port
-        return SubscriberTarget(
-            endpoint=f"tcp://{host}:{port}",
-            replay_endpoint=f"tcp://{host}:{replay}",
-            topic=self._topic,
-            replay_timeout=self._replay_timeout,
-        )
+    def _warn_shared(self, groups: frozenset[tuple[str, tuple[str, ...]]]) -> None:
+        for endpoint, sharing in sorted(groups - self._shared):
+            _log.warning(
+                "engines %s share the KV-event endpoint %s: its events are attributed to none "
+                "of them (they do not say which engine sent them); give each its own port "
+                "(pod or Service annotations kv-events-port, kv-events-replay-port)",
+                ", ".join(sharing),
+                endpoint,
+            )
+        self._shared = groups
 
-    def _follow(self, engine_id: str, name: str, target: SubscriberTarget) -> None:
-        tracked = _Tracked(name, target, self)
+    def _share_memory(self) -> None:
+        """Each followed index's share of the memory bounds, in blocks."""
+        followed = [t for t in self._engines.values() if t.facts.shared is None]
+        share = self.memory.share(len(followed))
+        for tracked in followed:
+            tracked.share(share)
+
+    def _follow(
+        self, engine_id: str, name: str, target: SubscriberTarget, shared: str | None
+    ) -> None:
+        tracked = _Tracked(name, target, self, shared)
         self._engines[engine_id] = tracked
-        tracked.task = asyncio.get_running_loop().create_task(
-            self._subscribe(tracked), name=f"kv events {name}"
-        )
+        if shared is not None:
+            tracked.index.limit = 0
+        else:
+            tracked.task = asyncio.get_running_loop().create_task(
+                self._subscribe(tracked), name=f"kv events {name}"
+            )
 
     def _forget(self, engine_id: str) -> None:
         tracked = self._engines.pop(engine_id)
         if tracked.task is not None:
             tracked.task.cancel()
+        self.memory.forget(tracked.index)
 
     async def _subscribe(self, tracked: _Tracked) -> None:
         while True:
@@ -376,7 +439,7 @@ class KvIndexes:
                     tracked.clear(ClearReason.OVERFLOW)
                 self._check_hits(tracked, load.prefix_cache_hits, now)
             since = tracked.facts.rebuilding_since
-            if tracked.index.hints and (since is None or now - since >= self.rebuild_window):
+            if tracked.index.keeps_hints and (since is None or now - since >= self.rebuild_window):
                 tracked.index.drop_hints()
             tracked.refresh()
 

@@ -17,6 +17,14 @@ class IndexView:
     reason: str
     """Why it is in that state, in words for people."""
     blocks: int
+    hints: int
+    """Blocks kept as hints after a gap the replay could not fill (not in `blocks`)."""
+    memory_bytes: int
+    """What the index is charged: its blocks, hints and what it has yet to free."""
+    memory_limit_bytes: int
+    """Its share of the memory bounds: past it, stored blocks are refused."""
+    refused_blocks: int
+    """Stored blocks not indexed for the memory bound."""
     capacity: int | None
     """The engine's advertised `num_gpu_blocks`, None until scraped."""
     block_size: int | None

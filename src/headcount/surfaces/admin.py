@@ -215,6 +215,9 @@ def _kv_index_json(view: IndexStatus | None) -> Mapping[str, Any]:
             "state": IndexTrust.OFF.value,
             "reason": "no index",
             "blocks": 0,
+            "hints": 0,
+            "memory_bytes": 0,
+            "memory_limit_bytes": None,
             "capacity": None,
             "last_event_age_s": None,
         }
@@ -223,6 +226,9 @@ def _kv_index_json(view: IndexStatus | None) -> Mapping[str, Any]:
         "state": view.trust.value,
         "reason": view.reason,
         "blocks": view.blocks,
+        "hints": view.hints,
+        "memory_bytes": view.memory_bytes,
+        "memory_limit_bytes": view.memory_limit_bytes,
         "capacity": view.capacity,
         "last_event_age_s": None if age is None else round(age, 3),
     }

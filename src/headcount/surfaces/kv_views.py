@@ -31,6 +31,22 @@ class IndexStatus(Protocol):
     @property
     def blocks(self) -> int: ...
     @property
+    def hints(self) -> int:
+        """Blocks kept as hints after a gap the replay could not fill (not in `blocks`)."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """What the index is charged against its memory bound: blocks, hints, not yet freed."""
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """The index's share of `--kv-index-max-bytes` (and at most the per-engine bound)."""
+
+    @property
+    def refused_blocks(self) -> int:
+        """Stored blocks not indexed because the index was at its memory bound."""
+
+    @property
     def capacity(self) -> int | None: ...
     @property
     def last_event_age(self) -> float | None:

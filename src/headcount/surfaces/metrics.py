@@ -3,15 +3,10 @@
 Per-request series (`headcount_requests_total`, the latency histograms,
 failovers, outlier ejections, the router's own resource errors) live in a
 registry and are updated through cached label children; those with a fixed
-label set start at zero. Everything that describes the fleet or discovery
-(`headcount_engines`, `headcount_engine_in_flight`,
-`headcount_outlier_ejected_engines`, `headcount_discovery_*`) is computed from
-a snapshot when scraped, so an engine's series disappear with the engine; so
-are the `headcount_kv_*` series of the engines' cache indexes, present only with
-`--routing kv-aware`. The text is rendered in a worker thread so a scrape never
-stalls the event loop. A source that cannot go stale (a static list) is in sync
-at every scrape: its `headcount_discovery_last_sync_timestamp_seconds` is the
-scrape's time, so freshness alerts never fire for it.
+label set start at zero. Everything that describes the fleet, discovery or the
+cache indexes is computed from a snapshot when scraped (`scraped.py`), so an
+engine's series disappear with the engine. The text is rendered in a worker
+thread so a scrape never stalls the event loop.
 
 The `model` label takes only models some engine serves (a client's unknown
 model is `unknown`), but an engine chooses what it serves: one advertising
@@ -26,20 +21,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from headcount.clock import Clock
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Snapshot
 from headcount.fleet.outliers import REASONS as OUTLIER_REASONS
-from headcount.kvindex.stream import ClearReason
-from headcount.kvindex.trust import IndexTrust
-from headcount.surfaces.kv_views import IndexStatus, KvViews
+from headcount.surfaces.kv_views import KvViews
+from headcount.surfaces.scraped import DiscoveryCollector, FleetCollector, KvCollector, SourceSample
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -239,9 +231,9 @@ class Metrics:
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""
         snapshot = self._snapshot()
-        fleet = _FleetCollector(snapshot)
+        fleet = FleetCollector(snapshot)
         now = self._wall_clock()
-        discovery = _DiscoveryCollector([_SourceSample.of(s, now) for s in self._sources])
+        discovery = DiscoveryCollector([SourceSample.of(s, now) for s in self._sources])
         collectors: list[_Collector] = [self.registry, fleet, discovery]
         if self._kv_views is not None:
             views = self._kv_views()
@@ -250,7 +242,7 @@ class Metrics:
                 for engine in snapshot.engines
                 if (view := views.get(engine.id)) is not None
             ]
-            collectors.append(_KvCollector(rows))
+            collectors.append(KvCollector(rows))
         return await asyncio.to_thread(_render, collectors)
 
 
@@ -265,181 +257,3 @@ class _Union:
     def collect(self) -> Iterator[Metric]:
         for source in self._sources:
             yield from source.collect()
-
-
-class _FleetCollector:
-    def __init__(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        engines = GaugeMetricFamily(
-            "headcount_engines", "Engines known to the router, by state.", labels=["state"]
-        )
-        for state, count in self._snapshot.count_by_state().items():
-            engines.add_metric([state.value], count)
-        yield engines
-        in_flight = GaugeMetricFamily(
-            "headcount_engine_in_flight",
-            "Requests this router has in flight to each engine.",
-            labels=["engine"],
-        )
-        for engine in self._snapshot.engines:
-            in_flight.add_metric([engine.spec.name], engine.load.in_flight)
-        yield in_flight
-        yield GaugeMetricFamily(
-            "headcount_outlier_ejected_engines",
-            "Engines out of rotation now for an outlier ejection (routed anyway in a panic).",
-            value=len(self._snapshot.ejected),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _SourceSample:
-    """A copy of one source's status, taken on the event loop for the render thread."""
-
-    name: str
-    wall_last_sync: float | None
-    watch_connected: bool
-    relists: tuple[tuple[str, int], ...]
-    removed_by_relist: int
-    can_go_stale: bool
-
-    @classmethod
-    def of(cls, status: SourceStatus, now: float) -> _SourceSample:
-        """`now`: Unix time, the last sync of a synced source that cannot go stale."""
-        in_sync_now = status.synced and not status.can_go_stale
-        return cls(
-            status.name,
-            now if in_sync_now else status.wall_last_sync,
-            status.watch_connected,
-            tuple(status.relists.items()),
-            status.removed_by_relist,
-            status.can_go_stale,
-        )
-
-
-class _DiscoveryCollector:
-    def __init__(self, samples: list[_SourceSample]) -> None:
-        self._samples = samples
-
-    def collect(self) -> Iterator[Metric]:
-        last_sync = GaugeMetricFamily(
-            "headcount_discovery_last_sync_timestamp_seconds",
-            "Unix time of the last successful LIST or watch event, per source "
-            "(the scrape's time for a static list, which is always in sync).",
-            labels=["source"],
-        )
-        connected = GaugeMetricFamily(
-            "headcount_discovery_watch_connected",
-            "1 while the source's watch stream is open.",
-            labels=["source"],
-        )
-        relists = CounterMetricFamily(
-            "headcount_discovery_relists",
-            "Full re-lists, by source and reason.",
-            labels=["source", "reason"],
-        )
-        removed = CounterMetricFamily(
-            "headcount_discovery_reconcile_removed",
-            "Engines removed by a re-list: each is a deletion the watch missed.",
-            labels=["source"],
-        )
-        for sample in self._samples:
-            if sample.wall_last_sync is not None:
-                last_sync.add_metric([sample.name], sample.wall_last_sync)
-            if sample.can_go_stale:
-                connected.add_metric([sample.name], 1.0 if sample.watch_connected else 0.0)
-            for reason, count in sample.relists:
-                relists.add_metric([sample.name, reason], count)
-            removed.add_metric([sample.name], sample.removed_by_relist)
-        yield from (last_sync, connected, relists, removed)
-
-
-_KV_PER_ENGINE: tuple[
-    tuple[
-        type[GaugeMetricFamily | CounterMetricFamily],
-        str,
-        str,
-        Callable[[IndexStatus], float | None],
-    ],
-    ...,
-] = (
-    (
-        GaugeMetricFamily,
-        "headcount_kv_index_blocks",
-        "KV blocks the engine's index holds.",
-        lambda view: view.blocks,
-    ),
-    (
-        CounterMetricFamily,
-        "headcount_kv_events_applied",
-        "KV events applied to the engine's index.",
-        lambda view: view.events_applied,
-    ),
-    (
-        CounterMetricFamily,
-        "headcount_kv_event_gaps",
-        "Gaps in the engine's event sequence (each asks for a replay).",
-        lambda view: view.gaps,
-    ),
-    (
-        GaugeMetricFamily,
-        "headcount_kv_last_event_age_seconds",
-        "Seconds since the engine's last KV event (absent before the first).",
-        lambda view: view.last_event_age,
-    ),
-    (
-        CounterMetricFamily,
-        "headcount_kv_predicted_cached_tokens",
-        "Prompt tokens the index predicted cached on the engine, over the requests sent.",
-        lambda view: view.predicted_hit_tokens,
-    ),
-    (
-        CounterMetricFamily,
-        "headcount_kv_engine_reported_hit_tokens",
-        "The engine's own vllm:prefix_cache_hits_total as last scraped, every router's traffic "
-        "(absent while unknown).",
-        lambda view: view.reported_hit_tokens,
-    ),
-)
-"""The series with only an `engine` label: family, name, help, and the view's value."""
-
-
-class _KvCollector:
-    """The engines' cache indexes, from views taken on the event loop (frozen: safe to read
-    in the render thread)."""
-
-    def __init__(self, rows: list[tuple[str, IndexStatus]]) -> None:
-        self._rows = rows
-
-    def collect(self) -> Iterator[Metric]:
-        state = GaugeMetricFamily(
-            "headcount_kv_index_state",
-            "1 for the engine's cache-index trust state (synced, rebuilding, stale, off), "
-            "0 for the others; routing uses only synced and rebuilding indexes.",
-            labels=["engine", "state"],
-        )
-        replays = CounterMetricFamily(
-            "headcount_kv_replays",
-            "Replays asked for a gap, by outcome: filled, or failed (then the index is cleared).",
-            labels=["engine", "outcome"],
-        )
-        clears = CounterMetricFamily(
-            "headcount_kv_index_clears",
-            "Times the engine's index was emptied, by reason.",
-            labels=["engine", "reason"],
-        )
-        for name, view in self._rows:
-            for trust in IndexTrust:
-                state.add_metric([name, trust.value], 1.0 if view.trust is trust else 0.0)
-            replays.add_metric([name, "filled"], view.replays_filled)
-            replays.add_metric([name, "failed"], view.replays_failed)
-            for reason in ClearReason:
-                clears.add_metric([name, reason.value], view.clears.get(reason, 0))
-        yield from (state, replays, clears)
-        for family_type, family_name, help_text, value_of in _KV_PER_ENGINE:
-            family = family_type(family_name, help_text, labels=["engine"])
-            for name, view in self._rows:
-                if (value := value_of(view)) is not None:
-                    family.add_metric([name], value)
-            yield family
