@@ -8,6 +8,7 @@ engine's scrape through the fleet's `apply_probe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import sys
 from collections.abc import AsyncIterator
@@ -57,8 +58,10 @@ class FakeSubscriber:
         self.failure.set_exception(RecursionError("maximum recursion depth exceeded"))
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
+@contextlib.asynccontextmanager
+async def following_a(**bounds: int) -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
+    """Indexes with fake subscribers (with `bounds`: `max_bytes`...) following a fleet of
+    engine a, on a fake clock; closed on exit."""
     FakeSubscriber.started = []
     clock = FakeClock()
     fleet = Fleet(unhealthy_after=1, clock=clock)
@@ -74,6 +77,7 @@ async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
         rebuild_window=30.0,
         check_window=30.0,
         tick=3600.0,
+        **bounds,
     )
     fleet.reconcile("static", [spec("a", url="http://10.0.0.1:8000")])
     indexes.start()
@@ -81,6 +85,12 @@ async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
         yield fleet, indexes, clock
     finally:
         await indexes.close()
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
+    async with following_a() as world:
+        yield world
 
 
 async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
@@ -476,28 +486,9 @@ async def test_engines_sharing_one_kv_event_endpoint_get_no_stream_and_say_why(
 @pytest.fixture
 async def bounded() -> AsyncIterator[tuple[Fleet, KvIndexes]]:
     """Engine a, its index bounded to 6 blocks, and to an equal share of 10 with others."""
-    FakeSubscriber.started = []
-    clock = FakeClock()
-    fleet = Fleet(unhealthy_after=1, clock=clock)
-    indexes = KvIndexes(
-        fleet,
-        subscriber=FakeSubscriber,
-        port=5557,
-        replay_port=5558,
-        topic="",
-        idle_timeout=10.0,
-        replay_timeout=2.0,
-        clock=clock,
-        tick=3600.0,
-        max_bytes=10 * BLOCK_BYTES,
-        max_bytes_per_engine=6 * BLOCK_BYTES,
-    )
-    fleet.reconcile("static", [spec("a", url="http://10.0.0.1:8000")])
-    indexes.start()
-    try:
+    bounds = {"max_bytes": 10 * BLOCK_BYTES, "max_bytes_per_engine": 6 * BLOCK_BYTES}
+    async with following_a(**bounds) as (fleet, indexes, _):
         yield fleet, indexes
-    finally:
-        await indexes.close()
 
 
 async def test_the_memory_bounds_share_out_bytes_and_an_engine_at_its_share_stops_adding(
