@@ -119,6 +119,8 @@ class RawConnection:
                 raise TimeoutError
             try:
                 data = await asyncio.wait_for(self.reader.read(_READ_SIZE), remaining)
+            except TimeoutError:
+                raise  # an OSError too, but the connection may yet answer
             except (ConnectionError, OSError) as exc:
                 self.closed = True
                 raise ConnectionClosed(str(exc) or type(exc).__name__) from None
