@@ -44,9 +44,9 @@ engines' KV-event streams, its own tokenizer, the parse workers. Their router
 differs from the default where the attack needs it: h-keyless takes client keys
 (`--api-keys-file`, a key written into the log directory) and has an
 `--admin-port` (the observer's chats carry the key, its `/livez` goes to the
-admin port; the attack holds keyless heads on both ports); i-kv-frame, j-kv-index,
-k and m route `kv-aware` (i, j, k with `--tokenizer builtin`, m asking the
-engines' `/tokenize`), with KV-event ports that an attack's publisher
+admin port; the attack holds keyless heads on both ports); i-kv-frame, i-kv-flood,
+j-kv-index, k and m route `kv-aware` (i, j, k with `--tokenizer builtin`, m asking
+the engines' `/tokenize`), with KV-event ports that an attack's publisher
 (`bench/hostile/programs/kv_attacks.py`) binds on the adversarial engine's address.
 Targets: worst stall < 50 ms; the memory bounds above (j-kv-index may add 64
 bytes per block stored, the index's legitimate content); no failed normal request

@@ -108,6 +108,7 @@ class Scale:
             "keyless-heads": ("--connections", self.keyless_connections),
             "unroutable-chats": ("--clients", self.unroutable_clients),
             "kv-frames": ("--clients", 1),
+            "kv-flood": ("--clients", 1),
             "kv-index": ("--clients", 1),
             "json-bodies": ("--clients", self.json_clients),
             "chunk-waves": ("--clients", self.chunk_clients),
@@ -129,8 +130,8 @@ class Scale:
         """The attack's length: a staged attack's at least what its stages need."""
         seconds = max(self.attack_s, phase.min_attack_s)
         if phase.attack == "kv-frames":
-            # One frame of 2-byte blocks stalled main ~0.3 s per MiB; then the flood.
-            seconds = max(seconds, 12 + 0.5 * sum(self.kv_frame_sizes_mib))
+            # One frame of 2-byte blocks stalled main 0.4-1.3 s per MiB.
+            seconds = max(seconds, 4 + 1.0 * sum(self.kv_frame_sizes_mib))
         return seconds
 
 
@@ -197,6 +198,9 @@ def stalls_ms(livez: Sequence[tuple[float, float, bool]]) -> list[tuple[float, f
             continue
         waits.append((t, ms) if since is None else (since, (t - since) * 1000 + ms))
         since = None
+    if since is not None:  # still unanswered when the observer stopped: at least this long
+        t, ms, _ = livez[-1]
+        waits.append((since, (t - since) * 1000 + ms))
     return waits
 
 

@@ -33,7 +33,7 @@ closed) is written to F. Attacks:
 - `unroutable-chats`: `clients` connections send `count` distinct chats in all, each
   body 32 KiB (random words; as large as a router tokenizes on its loop), for a model
   nobody serves, back to back.
-- `kv-frames`, `kv-index`: an adversarial KV-event publisher instead of a client
+- `kv-frames`, `kv-flood`, `kv-index`: an adversarial KV-event publisher instead of a client
   (`bench/hostile/programs/kv_attacks.py` says what they send).
 
 Every attack lives here, over 450 lines, so that one runner and one command line
@@ -56,7 +56,7 @@ from pathlib import Path
 import httptools
 import uvloop
 
-from bench.hostile.programs.kv_attacks import kv_frames, kv_index
+from bench.hostile.programs.kv_attacks import kv_flood, kv_frames, kv_index
 from bench.hostile.programs.plan import Plan, Stats, error_name, wait_start
 from bench.hostile.rawhttp import (
     ConnectionClosed,
@@ -597,6 +597,7 @@ ATTACKS: dict[str, Callable[[Plan], Awaitable[Stats]]] = {
     "keyless-heads": keyless_heads,
     "unroutable-chats": unroutable_chats,
     "kv-frames": kv_frames,
+    "kv-flood": kv_flood,
     "kv-index": kv_index,
     "chunk-waves": chunk_waves,
     "pipeline": pipeline,

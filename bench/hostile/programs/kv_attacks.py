@@ -5,17 +5,20 @@ PUB socket) and asks its replay socket for what it missed. Anyone who can run
 an engine can send anything there, so each attack binds both sockets where the
 router looks for the adversarial engine's (`--kv-endpoint`, `--replay-endpoint`:
 the router's `--kv-events-port` and `--kv-events-replay-port` on that engine's
-address). The PUB side is an XPUB with no high-water mark: it waits for the
-router's subscription before its first batch (seq 0), so the router misses
-nothing it was not meant to miss. The replay socket answers every request with
-the end marker alone: every gap is one the replay cannot fill. Frames are
-vLLM's current layout (`headcount.kvevents`).
+address). The PUB side is an XPUB that waits for the router's subscription
+before its first batch (seq 0) and, at its high-water mark, waits instead of
+dropping (`XPUB_NODROP`): the router misses nothing it was not meant to miss,
+and a flood goes at the pace the router reads it (a backlog of its own would
+delay the heartbeats behind it until the router drops the connection). The
+replay socket answers every request with the end marker alone: every gap is one
+the replay cannot fill. Frames are vLLM's current layout (`headcount.kvevents`).
 
 - `kv-frames`: one stage per size in `sizes_mib`: one batch holding one
   `BlockStored` of block size 1 and 2 bytes per block (a 1-byte hash and a 1-byte
-  token id, so `size / 2` blocks); the next stage starts once the router answers
-  `/livez` again (and a second more). Then a flood of small batches (one block
-  stored, then removed, alternately, at most `FLOOD_RATE` a second) for `FLOOD_S`.
+  token id, so `size / 2` blocks). Each stage starts once the router answers
+  `/livez` again (and a second more).
+- `kv-flood`: small batches (one block stored, then removed, alternately) as fast
+  as the router reads them, at most `FLOOD_RATE` a second.
 - `kv-index`: stores `blocks` blocks of 1 token as one chain (`FILL_BLOCKS` to a
   batch), polls the router's `/engines` until its index holds them, then sends a
   12-byte batch that skips a sequence number (an empty batch: the gap is the
@@ -32,6 +35,7 @@ import asyncio
 import json
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import zmq
@@ -48,17 +52,16 @@ from headcount.kvevents import (
     seq_frame,
 )
 
-__all__ = ["FILL_BLOCKS", "FLOOD_RATE", "FLOOD_S", "kv_frames", "kv_index", "two_bytes_per_block"]
+__all__ = ["FILL_BLOCKS", "FLOOD_RATE", "kv_flood", "kv_frames", "kv_index", "two_bytes_per_block"]
 
 MIB = 1024 * 1024
 FLOOD_RATE = 50_000
 """Small batches a second at most in the flood."""
-FLOOD_S = 8.0
-"""How long the flood lasts (the attack's end cuts it shorter)."""
 FILL_BLOCKS = 5_000
 """Blocks to a batch while filling the index: small frames, the index is what grows."""
 _FLOOD_BURST = 500
 _POLL_S = 0.5
+_FULL_PAUSE_S = 0.001
 _STEADY_POLLS = 8
 _SETTLE_S = 1.0
 """Between two stages of `kv-index`: the stall of one is not the next one's."""
@@ -93,7 +96,7 @@ class Publisher:
     def __init__(self, plan: Plan) -> None:
         self._context = zmq.asyncio.Context()
         self.pub = self._context.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.setsockopt(zmq.XPUB_NODROP, 1)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(plan.kv_endpoint)
         self.replay = self._context.socket(zmq.ROUTER)
@@ -118,7 +121,13 @@ class Publisher:
     async def send(self, payload: bytes, skip: int = 0) -> None:
         """`payload` as the next batch, `skip` sequence numbers after the last one sent."""
         self.seq += skip
-        await self.pub.send_multipart([b"", seq_frame(self.seq), payload])
+        frames = [b"", seq_frame(self.seq), payload]
+        while True:  # an XPUB_NODROP socket at its mark says EAGAIN, and POLLOUT all the same
+            try:
+                await self.pub.send_multipart(frames, flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                await asyncio.sleep(_FULL_PAUSE_S)
         self.seq += 1
         self.sent += 1
         self.sent_bytes += len(payload)
@@ -163,6 +172,7 @@ async def kv_frames(plan: Plan) -> Stats:
 
     async def attack(publisher: Publisher) -> Stats:
         recovered: list[float] = []
+        states: list[str] = []
         for size in plan.sizes_mib:
             payload = two_bytes_per_block(int(size * MIB))
             marks(f"{size:g} MiB frame")
@@ -170,11 +180,11 @@ async def kv_frames(plan: Plan) -> Stats:
             await publisher.send(payload)
             await _responsive(plan)
             recovered.append(round(time.monotonic() - sent_at, 1))
+            states.append(_state(await _attacked_index(plan)))
             await asyncio.sleep(min(_SETTLE_S, plan.remaining(0.0)))
-        marks("flood")
         return {
             "seconds until /livez answered after each frame": recovered,
-            "flood batches": await _flood(plan, publisher),
+            "index after each frame": states,
         }
 
     return await _publishing(plan, marks, attack)
@@ -198,19 +208,29 @@ async def _responsive(plan: Plan) -> None:
                 conn.abort()
 
 
-async def _flood(plan: Plan, publisher: Publisher) -> int:
+async def kv_flood(plan: Plan) -> Stats:
+    marks = Marks()
     stored = _batch(BlockStored(block_hashes=[77], parent_block_hash=None, token_ids=[7],
                                 block_size=1))  # fmt: skip
     removed = _batch(BlockRemoved(block_hashes=[77]))
-    started, sent = time.monotonic(), 0
-    until = min(plan.stop_at, started + FLOOD_S)
-    while time.monotonic() < until:
-        for _ in range(_FLOOD_BURST):
-            await publisher.send(stored if sent % 2 == 0 else removed)
-            sent += 1
-        ahead = sent / FLOOD_RATE - (time.monotonic() - started)
-        await asyncio.sleep(max(0.0, min(ahead, until - time.monotonic())))
-    return sent
+
+    async def attack(publisher: Publisher) -> Stats:
+        marks("flood")
+        started, sent = time.monotonic(), 0
+        while plan.running():
+            for _ in range(_FLOOD_BURST):
+                await publisher.send(stored if sent % 2 == 0 else removed)
+                sent += 1
+            ahead = sent / FLOOD_RATE - (time.monotonic() - started)
+            await asyncio.sleep(max(0.0, min(ahead, plan.remaining(0.0))))
+        seconds = time.monotonic() - started
+        return {
+            "flood batches": sent,
+            "batches a second": round(sent / seconds),
+            "index at the end": _state(await _attacked_index(plan)),
+        }
+
+    return await _publishing(plan, marks, attack)
 
 
 # --- kv-index ---------------------------------------------------------------------------
@@ -231,10 +251,15 @@ async def _engines(plan: Plan) -> list[dict[str, Any]]:
     return engines
 
 
-async def _most_blocks(plan: Plan) -> dict[str, Any]:
-    """The `kv_index` of the engine whose index holds the most blocks (the attacked one)."""
-    indexes = [e.get("kv_index") or {} for e in await _engines(plan)]
-    return max(indexes, key=lambda index: index.get("blocks") or 0, default={})
+async def _attacked_index(plan: Plan) -> dict[str, Any]:
+    """The `kv_index` of the engine on the publisher's host (the adversarial one)."""
+    host = urlsplit(plan.kv_endpoint).hostname
+    engines = [e for e in await _engines(plan) if urlsplit(e.get("url", "")).hostname == host]
+    return engines[0].get("kv_index") or {} if engines else {}
+
+
+def _state(index: dict[str, Any]) -> str:
+    return f"{index.get('state')} ({index.get('reason')}), {index.get('blocks')} blocks"
 
 
 async def _until_blocks(plan: Plan, done: Any) -> dict[str, Any]:
@@ -243,7 +268,7 @@ async def _until_blocks(plan: Plan, done: Any) -> dict[str, Any]:
     index: dict[str, Any] = {}
     seen: list[int] = []
     while plan.running():
-        index = await _most_blocks(plan)
+        index = await _attacked_index(plan)
         blocks = index.get("blocks") or 0
         seen.append(blocks)
         if done(blocks) or seen[-_STEADY_POLLS:] == [blocks] * _STEADY_POLLS:
