@@ -330,8 +330,12 @@ def _phase_check(run: PhaseRun, row: Row) -> list[str]:
     return []
 
 
+def _during_attack(run: PhaseRun) -> list[dict[str, Any]]:
+    return [r for r in run.normal if run.t_attack <= r["t"] < run.t_stop]
+
+
 def _waited_on_tokenize(run: PhaseRun) -> list[dict[str, Any]]:
-    return [r for r in _in_window(run, run.normal) if r["ms"] >= HUNG_TOKENIZE_MS]
+    return [r for r in _during_attack(run) if r["ms"] >= HUNG_TOKENIZE_MS]
 
 
 def _hung_waits(run: PhaseRun) -> list[dict[str, Any]]:
@@ -462,12 +466,12 @@ def _phase_lines(run: PhaseRun) -> list[str]:
             f"({len(warm)})"
         )
     if name == "m-tokenize-hung":
-        normal = _in_window(run, run.normal)
+        normal = _during_attack(run)
         waited = len(_waited_on_tokenize(run))
         share = 100 * waited / len(normal) if normal else 0.0
         lines.append(
-            f"  - chats that took {HUNG_TOKENIZE_MS:g} ms or more (the tokenize timeout): "
-            f"{waited} of {len(normal)} ({share:.0f} %)"
+            f"  - chats started while /tokenize hung that took {HUNG_TOKENIZE_MS:g} ms or more "
+            f"(the tokenize timeout): {waited} of {len(normal)} ({share:.0f} %)"
         )
     return lines
 
