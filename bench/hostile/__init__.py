@@ -14,7 +14,8 @@ Method (the numbers are only as good as this):
   warm-up (normal traffic only; its last second is the baseline), the attack,
   then an aftermath with the attack stopped. The measured window is attack +
   aftermath; the `quiet` phase is the same with no attack, measured first.
-- Beside every attack, the observer (`bench/hostile/programs/observer.py`, its own process) keeps
+- Beside every attack, the observer (`bench/hostile/programs/observer.py`, its own process,
+  connecting from 127.0.0.3 while the attacks come from 127.0.0.1) keeps
   a `GET /livez` on one keep-alive connection every 5 ms (the router answers it
   itself: its latency is how long the event loop takes to get to it) and 50 small
   `sim-model` chats per second, open loop. *Worst stall* = the slowest `/livez` in

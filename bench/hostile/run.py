@@ -44,6 +44,8 @@ ATTACKS = "bench.hostile.programs.attacks"
 EVIL_HOST = "127.0.0.2"
 """The adversarial engine's address: the KV-event ports a router looks for on each engine's
 host are then its own (an attack's publisher binds them), not the healthy engine's."""
+OBSERVER_HOST = "127.0.0.3"
+"""The observer's source address; the attacks come from 127.0.0.1: two clients to a router."""
 ROUTER_TIMINGS = Timings(probe_interval=1.0, drain_delay=0.0, drain_timeout=1.0)
 """Probes every second, so a probe attack recurs within a phase; no drain wait on stop."""
 
@@ -73,7 +75,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("i-kv-flood", "KV events: a flood of small frames", "kv-flood", kv=True,
           tokenizer="builtin", min_attack_s=8.0, stall_target_ms=NEW_STALL_TARGET_MS),
     Phase("j-kv-index", "KV events: millions of blocks, then a gap and a hint's child",
-          "kv-index", evil_mode="kv-huge", kv=True, tokenizer="builtin", min_attack_s=75.0,
+          "kv-index", evil_mode="kv-huge", kv=True, tokenizer="builtin", min_attack_s=120.0,
           stall_target_ms=NEW_STALL_TARGET_MS),
     Phase("k-tokenize-unroutable", "32 KiB distinct chats for no model, with --tokenizer",
           "unroutable-chats", kv=True, tokenizer="builtin", min_attack_s=25.0,
@@ -237,6 +239,7 @@ class Bench:
             f"observer-{phase.name}",
             [
                 *(sys.executable, "-m", OBSERVER, "--port", str(setup.port)),
+                *("--source", OBSERVER_HOST),
                 *("--livez-port", str(setup.admin), "--until", f"{t_end:.3f}"),
                 *("--rate", str(scale.rate), "--tag", phase.name),
                 *("--timeout", str(scale.client_timeout_s), "--out", str(observed)),

@@ -18,6 +18,8 @@ for the requests still in flight and writes one JSON object per line to F:
   on its loop, so each goes to a parse worker) at that rate, open loop too,
   `{"k": "b", ...}` as the small ones.
 
+It connects from `--source` if given: a router that tells clients apart by address
+(a fair share each) then sees it as a client of its own, apart from the attacks.
 With `--api-key` every chat carries `Authorization: Bearer <key>`; `--livez-port`
 sends the stall timer to another port (the router's `--admin-port`).
 
@@ -60,9 +62,10 @@ so the router's open fds after an attack count the attack, not the observer's po
 
 class Observer:
     def __init__(
-        self, host: str, port: int, timeout: float, tag: str, livez_port: int, key: str
+        self, host: str, port: int, timeout: float, tag: str, livez_port: int, key: str, source: str
     ) -> None:
         self.host, self.port, self.timeout, self.tag = host, port, timeout, tag
+        self.source = source or None
         self.livez_port = livez_port
         self._auth = f"authorization: Bearer {key}\r\n".encode() if key else b""
         self.records: list[dict[str, object]] = []
@@ -77,7 +80,7 @@ class Observer:
             try:
                 if conn is None or conn.closed:
                     conn = await RawConnection.open(
-                        self.host, self.livez_port, timeout=self.timeout
+                        self.host, self.livez_port, timeout=self.timeout, source=self.source
                     )
                 await conn.send(_LIVEZ, self.timeout)
                 answer = await conn.response(self.timeout)
@@ -124,7 +127,9 @@ class Observer:
         try:
             conn = self._idle.pop() if self._idle else None
             if conn is None:
-                conn = await RawConnection.open(self.host, self.port, timeout=self.timeout)
+                conn = await RawConnection.open(
+                    self.host, self.port, timeout=self.timeout, source=self.source
+                )
             request = post_request(
                 "/v1/chat/completions",
                 body,
@@ -157,7 +162,13 @@ class Observer:
 
 async def _observe(args: argparse.Namespace) -> list[dict[str, object]]:
     observer = Observer(
-        args.host, args.port, args.timeout, args.tag, args.livez_port or args.port, args.api_key
+        args.host,
+        args.port,
+        args.timeout,
+        args.tag,
+        args.livez_port or args.port,
+        args.api_key,
+        args.source,
     )
     await asyncio.gather(
         observer.livez(args.until, args.livez_every),
@@ -177,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--livez-every", type=float, default=0.005, help="seconds")
     parser.add_argument("--livez-port", type=int, help="port of /livez (default: --port)")
     parser.add_argument("--api-key", default="", help="sent as a bearer key on every chat")
+    parser.add_argument("--source", default="", help="local address to connect from")
     parser.add_argument("--big-rate", type=float, default=0.0, help="200 KB chats per second")
     parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
     parser.add_argument("--tag", default="n", help="prefix of the x-hostile-id values")
