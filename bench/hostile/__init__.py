@@ -49,8 +49,9 @@ admin port; the attack holds keyless heads on both ports); i-kv-frame, i-kv-floo
 j-kv-index, k and m route `kv-aware` (i, j, k with `--tokenizer builtin`, m asking
 the engines' `/tokenize`), with KV-event ports that an attack's publisher
 (`bench/hostile/programs/kv_attacks.py`) binds on the adversarial engine's address.
-Targets: worst stall < 50 ms; the memory bounds above (j-kv-index may add 64
-bytes per block stored, the index's legitimate content); no failed normal request
+Targets: worst stall < 50 ms; the memory bounds above (j-kv-index may add the
+index's own memory bound as `/engines` shows it, `memory_limit_bytes`, or 64
+bytes per block stored where it shows none); no failed normal request
 (nor 200 KB prompt in l-parse-fair); h: no keyed request answered 503; m: no
 chat waiting out the 1 s tokenize timeout. Staged attacks (i, j) mark when each
 stage began, and the report gives each stage's slowest `/livez`, RSS and router

@@ -264,14 +264,22 @@ def _uploads(run: PhaseRun, scale: Scale) -> int:
 def rss_allowances(run: PhaseRun, scale: Scale) -> tuple[float, float]:
     """MiB over the baseline allowed at the peak and after the attack: twice the body limit
     per concurrent upload (one limit's worth twice without uploads) and one body limit after;
-    an index that keeps what was stored (j-kv-index) may add `KV_BYTES_PER_BLOCK` a block
-    to both."""
+    an index that keeps what was stored (j-kv-index) may add its own memory bound as
+    `/engines` shows it (`memory_limit_bytes`), or `KV_BYTES_PER_BLOCK` a block stored
+    where it shows none, to both."""
     peak = 2 * BODY_LIMIT_MIB * max(1, _uploads(run, scale))
     after = BODY_LIMIT_MIB
     if run.phase.attack == "kv-index":
-        index = scale.kv_blocks * KV_BYTES_PER_BLOCK / MIB
+        bound = _index_bound(run)
+        index = (bound or scale.kv_blocks * KV_BYTES_PER_BLOCK) / MIB
         peak, after = peak + index, after + index
     return peak, after
+
+
+def _index_bound(run: PhaseRun) -> int | None:
+    """The attacked index's memory bound in bytes, as the router's `/engines` showed it."""
+    bound = (run.attack_stats.get("index when filled") or {}).get("memory_limit_bytes")
+    return bound if isinstance(bound, int) and bound > 0 else None
 
 
 def _missed(run: PhaseRun, row: Row, quiet: Row | None, scale: Scale) -> tuple[str, ...]:
@@ -484,9 +492,15 @@ def _per_million(run: PhaseRun) -> list[str]:
     if not blocks or rss is None or base is None:
         return ["  - RSS per million blocks: not measured (the index never filled)"]
     per_million = (rss - base) / (blocks / 1e6)
+    bound = _index_bound(run)
     return [
         f"  - index filled with {blocks:,} blocks: RSS {rss - base:+.0f} MiB over the baseline, "
-        f"{per_million:.0f} MiB per million blocks ({per_million * MIB / 1e6:.0f} bytes a block)"
+        f"{per_million:.0f} MiB per million blocks ({per_million * MIB / 1e6:.0f} bytes a block);"
+        + (
+            " the router shows no memory bound of its own"
+            if bound is None
+            else f" the router's own bound: {bound / MIB:.1f} MiB"
+        )
     ]
 
 
@@ -544,9 +558,9 @@ def render(
         f"- worst-stall target: {STALL_TARGET_MS:g} ms, {NEW_STALL_TARGET_MS:g} ms in issue 17's "
         f"phases (h-m); router memory bounds: peak RSS over the baseline <= 2 x the body limit "
         f"per concurrent upload ({2 * BODY_LIMIT_MIB:g} MiB without uploads), after the attack "
-        f"<= {BODY_LIMIT_MIB:g} MiB; j-kv-index adds {KV_BYTES_PER_BLOCK} bytes per block "
-        f"stored to both ({scale.kv_blocks:,} blocks: "
-        f"{scale.kv_blocks * KV_BYTES_PER_BLOCK / MIB:.0f} MiB)",
+        f"<= {BODY_LIMIT_MIB:g} MiB; j-kv-index adds to both the index's own memory bound as "
+        f"/engines shows it, else {KV_BYTES_PER_BLOCK} bytes per block stored "
+        f"({scale.kv_blocks:,} blocks: {scale.kv_blocks * KV_BYTES_PER_BLOCK / MIB:.0f} MiB)",
         "- method and targets: the docstring of bench/hostile/__init__.py",
         "",
         "| phase | worst stall ms | normal p50/p99 ms during vs quiet "
