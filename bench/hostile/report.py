@@ -4,6 +4,10 @@ The driver (bench/hostile/run.py) runs phases and fills a `PhaseRun` each; here 
 run is summarised over its window (attack + aftermath) into a `Row`, judged
 against issue 8's targets (the method and the targets are in the driver's
 docstring), and rendered as the markdown report.
+
+Over 450 lines: a phase's records, its verdict and its lines in the report are
+one concept per phase, and read side by side here (a phase's check beside the
+figure it prints).
 """
 
 from __future__ import annotations
