@@ -2,8 +2,8 @@
 
 The driver (bench/hostile/run.py) runs phases and fills a `PhaseRun` each; here every
 run is summarised over its window (attack + aftermath) into a `Row`, judged
-against issue 8's targets (the method and the targets are in the driver's
-docstring), and rendered as the markdown report.
+against issue 8's targets and, for phases h-m, issue 17's (the method and the
+targets are in bench/hostile/__init__.py), and rendered as the markdown report.
 
 Over 450 lines: a phase's records, its verdict and its lines in the report are
 one concept per phase, and read side by side here (a phase's check beside the
