@@ -4,16 +4,18 @@ Method (the numbers are only as good as this):
 
 - The run re-executes itself in a private network namespace (`unshare --net`,
   loopback only). Started once: one healthy engine (`python -m
-  headcount.sim.engine`, model `sim-model`) and one adversarial engine
+  headcount.sim.engine`, model `sim-model`, on 127.0.0.1) and one adversarial engine
   (`bench/hostile/programs/evil_engine.py`, model `evil-model` unless a phase says otherwise, so
-  normal traffic never reaches it).
+  normal traffic never reaches it; on 127.0.0.2, so the KV-event ports a router looks
+  for on its host are the adversary's alone).
 - Each phase gets a fresh `headcount serve --discovery static` over both engines
   (built with `headcount.sim.cluster.RouterFlags`; probe interval 1 s so the probe
   attacks recur; every other setting is the router's default), and runs:
   warm-up (normal traffic only; its last second is the baseline), the attack,
   then an aftermath with the attack stopped. The measured window is attack +
   aftermath; the `quiet` phase is the same with no attack, measured first.
-- Beside every attack, the observer (`bench/hostile/programs/observer.py`, its own process) keeps
+- Beside every attack, the observer (`bench/hostile/programs/observer.py`, its own process,
+  connecting from 127.0.0.3 while the attacks come from 127.0.0.1) keeps
   a `GET /livez` on one keep-alive connection every 5 ms (the router answers it
   itself: its latency is how long the event loop takes to get to it) and 50 small
   `sim-model` chats per second, open loop. *Worst stall* = the slowest `/livez` in
@@ -37,6 +39,25 @@ Method (the numbers are only as good as this):
   within 1 s of the router showing it unhealthy or ejected if it did). A missed
   target is reported, not an error.
   The records, the verdict and the report: `bench/hostile/report.py`.
+
+Issue 17's phases (h-m) attack what the router gained since: client keys, the
+engines' KV-event streams, its own tokenizer, the parse workers. Their router
+differs from the default where the attack needs it: h-keyless takes client keys
+(`--api-keys-file`, a key written into the log directory) and has an
+`--admin-port` (the observer's chats carry the key, its `/livez` goes to the
+admin port; the attack holds keyless heads on both ports); i-kv-frame, i-kv-flood,
+j-kv-index, k and m route `kv-aware` (i, j, k with `--tokenizer builtin`, m asking
+the engines' `/tokenize`), with KV-event ports that an attack's publisher
+(`bench/hostile/programs/kv_attacks.py`) binds on the adversarial engine's address.
+Targets: worst stall < 50 ms; the memory bounds above (j-kv-index may add the
+index's own memory bound as `/engines` shows it, `memory_limit_bytes`, or 64
+bytes per block stored where it shows none); no failed normal request
+(nor 200 KB prompt in l-parse-fair); h: no keyed request answered 503; m: no
+chat waiting out the 1 s tokenize timeout. Staged attacks (i, j) mark when each
+stage began, and the report gives each stage's slowest `/livez`, RSS and router
+CPU, so the stall of an 8 MiB frame is not the 32 MiB one's, and j gives the
+index's RSS per million blocks. A run of `/livez` calls the client gave up on
+(at the client timeout) counts as one stall, until the answer that ended it.
 
 Usage: `.venv/bin/python -m bench.hostile [--quick] [--phases a,b,f-header,...]`.
 Exit 0 when every phase was measured, 2 on a setup error. The report is printed

@@ -94,10 +94,18 @@ class RawConnection:
 
     @classmethod
     async def open(
-        cls, host: str, port: int, *, timeout: float = 5.0, keep: int = 64 * 1024
+        cls,
+        host: str,
+        port: int,
+        *,
+        timeout: float = 5.0,
+        keep: int = 64 * 1024,
+        source: str | None = None,
     ) -> RawConnection:
+        """`source`: the local address to connect from (the router tells clients apart by it)."""
+        local = None if source is None else (source, 0)
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=_READ_SIZE), timeout
+            asyncio.open_connection(host, port, limit=_READ_SIZE, local_addr=local), timeout
         )
         sock = writer.get_extra_info("socket")
         if sock is not None:
@@ -119,6 +127,8 @@ class RawConnection:
                 raise TimeoutError
             try:
                 data = await asyncio.wait_for(self.reader.read(_READ_SIZE), remaining)
+            except TimeoutError:
+                raise  # an OSError too, but the connection may yet answer
             except (ConnectionError, OSError) as exc:
                 self.closed = True
                 raise ConnectionClosed(str(exc) or type(exc).__name__) from None

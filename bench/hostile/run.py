@@ -8,18 +8,28 @@ bench/hostile/__init__.py.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common.harness import BenchError
 from bench.common.httpcall import http_call, ok
 from bench.common.processes import Proc, Processes, block_until
-from bench.common.procfs import rss_and_fds
-from bench.hostile.report import EVIL_MODEL, SIM_MODEL, Phase, PhaseRun, Sample, Scale
-from headcount.config import DiscoveryMode
+from bench.common.procfs import rss_and_fds, tree_cpu_seconds
+from bench.hostile.report import (
+    EVIL_MODEL,
+    NEW_STALL_TARGET_MS,
+    SIM_MODEL,
+    Phase,
+    PhaseRun,
+    Sample,
+    Scale,
+)
+from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import PYTHON_CLI, RouterFlags, Timings, serve_command
 from headcount.sim.loopback import free_port
 
@@ -31,6 +41,11 @@ EVIL_ENGINE = "bench.hostile.programs.evil_engine"
 OBSERVER = "bench.hostile.programs.observer"
 ATTACKS = "bench.hostile.programs.attacks"
 """The suite's own programs, each run as `python -m` in a process of its own."""
+EVIL_HOST = "127.0.0.2"
+"""The adversarial engine's address: the KV-event ports a router looks for on each engine's
+host are then its own (an attack's publisher binds them), not the healthy engine's."""
+OBSERVER_HOST = "127.0.0.3"
+"""The observer's source address; the attacks come from 127.0.0.1: two clients to a router."""
 ROUTER_TIMINGS = Timings(probe_interval=1.0, drain_delay=0.0, drain_timeout=1.0)
 """Probes every second, so a probe attack recurs within a phase; no drain wait on stop."""
 
@@ -53,6 +68,24 @@ PHASES: tuple[Phase, ...] = (
     Phase("f-nested", "engine: /v1/models nested 100,000 deep", evil_mode="nested"),
     Phase("g-hung", "engine serving sim-model accepts, then never answers", evil_mode="hang",
           evil_model=SIM_MODEL, hold_evil=True),
+    Phase("h-keyless", "keyless POST heads declaring 32 MiB, no body, on both ports",
+          "keyless-heads", keyed=True, stall_target_ms=NEW_STALL_TARGET_MS),
+    Phase("i-kv-frame", "KV events: frames of one BlockStored of 2 bytes a block",
+          "kv-frames", kv=True, tokenizer="builtin", stall_target_ms=NEW_STALL_TARGET_MS),
+    Phase("i-kv-flood", "KV events: a flood of small frames", "kv-flood", kv=True,
+          tokenizer="builtin", min_attack_s=8.0, stall_target_ms=NEW_STALL_TARGET_MS),
+    Phase("j-kv-index", "KV events: millions of blocks, then a gap and a hint's child",
+          "kv-index", evil_mode="kv-huge", kv=True, tokenizer="builtin", min_attack_s=120.0,
+          stall_target_ms=NEW_STALL_TARGET_MS),
+    Phase("k-tokenize-unroutable", "32 KiB distinct chats for no model, with --tokenizer",
+          "unroutable-chats", kv=True, tokenizer="builtin", min_attack_s=25.0,
+          stall_target_ms=NEW_STALL_TARGET_MS),
+    Phase("l-parse-fair", "31 MiB [[],[],...] bodies back to back beside 200 KB prompts",
+          "wide-bodies", uploads="parse_clients", big_prompts=True, min_attack_s=10.0,
+          stall_target_ms=NEW_STALL_TARGET_MS),
+    Phase("m-tokenize-hung", "engine serving sim-model, zero load, /tokenize never answers",
+          evil_mode="tokenize-hang", evil_model=SIM_MODEL, kv=True, min_attack_s=10.0,
+          stall_target_ms=NEW_STALL_TARGET_MS),
 )  # fmt: skip
 
 
@@ -63,6 +96,7 @@ QUICK = Scale(
     chunk_waves=2,
     slowloris_connections=200,
     client_timeout_s=10.0,
+    kv_frame_sizes_mib=(8.0, 32.0),
 )
 
 
@@ -71,7 +105,22 @@ QUICK = Scale(
 
 def _proc_sample(pid: int) -> Sample | None:
     measured = rss_and_fds(pid)
-    return None if measured is None else Sample(time.monotonic(), *measured)
+    if measured is None:
+        return None
+    return Sample(time.monotonic(), *measured, tree_cpu_seconds(pid))
+
+
+@dataclass(frozen=True)
+class _Router:
+    """One phase's router: its command line, its ports, the client key it takes."""
+
+    argv: list[str]
+    port: int
+    admin: int
+    """Where `/livez` and `/engines` are: the `--admin-port`, else `port`."""
+    key: str = ""
+    kv_port: int | None = None
+    replay_port: int | None = None
 
 
 def _engines(port: int, timeout_s: float = 2.0) -> list[dict[str, Any]] | None:
@@ -106,9 +155,9 @@ class Bench:
         self._log_dir = log_dir
         self._rss_limit_mib = rss_limit_mib
         self._sim_port = free_port()
-        self._evil_port = free_port()
+        self._evil_port = free_port(EVIL_HOST)
         self.sim_url = f"http://127.0.0.1:{self._sim_port}"
-        self.evil_url = f"http://127.0.0.1:{self._evil_port}"
+        self.evil_url = f"http://{EVIL_HOST}:{self._evil_port}"
 
     def start_engines(self) -> None:
         python = sys.executable
@@ -127,7 +176,7 @@ class Bench:
         )
         evil = self._procs.start(
             "engine-evil",
-            [*NICE, python, "-m", EVIL_ENGINE, "--port", str(self._evil_port)],
+            [*NICE, python, "-m", EVIL_ENGINE, "--host", EVIL_HOST, "--port", str(self._evil_port)],
             port=self._evil_port,
         )
         block_until(lambda: ok(http_call(self._sim_port, "GET", "/sim/stats")), 30, "sim", sim)
@@ -135,29 +184,41 @@ class Bench:
 
     def _evil(self, method: str, path: str, order: dict[str, str] | None = None) -> Any:
         body = json.dumps(order).encode() if order is not None else None
-        answer = http_call(self._evil_port, method, path, body, timeout_s=5)
+        answer = http_call(self._evil_port, method, path, body, timeout_s=5, host=EVIL_HOST)
         return json.loads(answer.body) if answer is not None and answer.ok else None
 
     def _set_evil(self, mode: str, model: str) -> None:
         if self._evil("POST", "/_evil/mode", {"mode": mode, "model": model}) is None:
             raise BenchError(f"the adversarial engine did not take mode {mode}")
 
-    def run(self, phase: Phase) -> PhaseRun:
-        self._set_evil("healthy", phase.evil_model)
+    def _router(self, phase: Phase) -> _Router:
         port = free_port()
+        kv = (free_port(EVIL_HOST), free_port(EVIL_HOST)) if phase.kv else (None, None)
         flags = RouterFlags(
             discovery=DiscoveryMode.STATIC,
             backends=(self.sim_url, self.evil_url),
             timings=ROUTER_TIMINGS,
+            routing=RoutingName.KV_AWARE if phase.kv else None,
+            tokenizer=phase.tokenizer,
+            kv_events_port=kv[0],
+            kv_events_replay_port=kv[1],
         )
-        router = self._procs.start(
-            f"router-{phase.name}",
-            serve_command(flags, host="127.0.0.1", port=port, program=self._program),
-            port=port,
-        )
+        argv = serve_command(flags, host="127.0.0.1", port=port, program=self._program)
+        if not phase.keyed:
+            return _Router(argv, port, port, kv_port=kv[0], replay_port=kv[1])
+        admin, key = free_port(), secrets.token_hex(16)
+        keys = self._log_dir / f"api-keys-{phase.name}"
+        keys.write_text(key + "\n")
+        argv += [f"--api-keys-file={keys}", f"--admin-port={admin}"]
+        return _Router(argv, port, admin, key, kv[0], kv[1])
+
+    def run(self, phase: Phase) -> PhaseRun:
+        self._set_evil("healthy", phase.evil_model)
+        setup = self._router(phase)
+        router = self._procs.start(f"router-{phase.name}", setup.argv, port=setup.port)
         try:
-            block_until(lambda: self._both_ready(port), 30, "both engines ready", router)
-            return self._measure(phase, router, port)
+            block_until(lambda: self._both_ready(setup.admin), 30, "both engines ready", router)
+            return self._measure(phase, router, setup)
         finally:
             self._procs.stop(router)
             self._set_evil("healthy", EVIL_MODEL)
@@ -166,21 +227,24 @@ class Bench:
         engines = _engines(port)
         return engines is not None and sum(e.get("state") == "ready" for e in engines) == 2
 
-    def _measure(self, phase: Phase, router: Proc, port: int) -> PhaseRun:
-        scale = self._scale
+    def _measure(self, phase: Phase, router: Proc, setup: _Router) -> PhaseRun:
+        scale, port = self._scale, setup.admin
         now = time.monotonic()
         t_attack = now + scale.warmup_s
-        t_stop = t_attack + scale.attack_s
+        t_stop = t_attack + scale.attack_seconds(phase)
         t_end = t_stop + scale.aftermath_s
         run = PhaseRun(phase, t_attack, t_stop, t_end)
         observed = self._log_dir / f"observer-{phase.name}.jsonl"
         observer = self._procs.start(
             f"observer-{phase.name}",
             [
-                *(sys.executable, "-m", OBSERVER),
-                *("--port", str(port), "--until", f"{t_end:.3f}", "--rate", str(scale.rate)),
-                *("--tag", phase.name, "--timeout", str(scale.client_timeout_s)),
-                *("--out", str(observed)),
+                *(sys.executable, "-m", OBSERVER, "--port", str(setup.port)),
+                *("--source", OBSERVER_HOST),
+                *("--livez-port", str(setup.admin), "--until", f"{t_end:.3f}"),
+                *("--rate", str(scale.rate), "--tag", phase.name),
+                *("--timeout", str(scale.client_timeout_s), "--out", str(observed)),
+                *(("--api-key", setup.key) if setup.key else ()),
+                *(("--big-rate", str(scale.big_rate)) if phase.big_prompts else ()),
             ],
         )
         attacker = None
@@ -190,9 +254,10 @@ class Bench:
                 f"attack-{phase.name}",
                 [
                     *(*NICE, sys.executable, "-m", ATTACKS, phase.attack),
-                    *("--port", str(port), "--start-at", f"{t_attack:.3f}"),
+                    *("--port", str(setup.port), "--start-at", f"{t_attack:.3f}"),
                     *("--stop-at", f"{t_stop:.3f}", "--out", str(attacked)),
                     *scale.attack_args(phase.attack),
+                    *self._attack_ports(setup),
                 ],
             )
         self._watch(run, router, port, until=t_attack)
@@ -213,12 +278,21 @@ class Bench:
         records = _read_jsonl(observed)
         run.livez = [(r["t"], r["ms"], r["ok"]) for r in records if r["k"] == "l"]
         run.normal = [r for r in records if r["k"] == "n"]
+        run.big = [r for r in records if r["k"] == "b"]
         if attacker is not None and attacked.is_file():
             run.attack_stats = json.loads(attacked.read_text())
         (self._log_dir / f"samples-{phase.name}.json").write_text(
             json.dumps([s.__dict__ for s in run.samples])
         )
         return run
+
+    @staticmethod
+    def _attack_ports(setup: _Router) -> list[str]:
+        ports = ["--also-port", str(setup.admin)] if setup.admin != setup.port else []
+        if setup.kv_port is not None:
+            ports += ["--kv-endpoint", f"tcp://{EVIL_HOST}:{setup.kv_port}"]
+            ports += ["--replay-endpoint", f"tcp://{EVIL_HOST}:{setup.replay_port}"]
+        return ports
 
     def _watch(
         self,

@@ -25,6 +25,16 @@ closed) is written to F. Attacks:
   adversarial engine's model (variant `x-desync: 1..4`), then `GET /v1/models` on the
   same connection, which only the router answers: a response holding `PLANTED`, or a
   second answer that is not the router's model list, is a desync.
+- `wide-bodies`: `json-bodies` without the deep first body: 31 MiB of `[],` each, back
+  to back, all for the parse workers.
+- `keyless-heads`: `connections` connections on the port (and as many on `--also-port`,
+  the admin port) each send a POST head without a key declaring `content-length:
+  33554432`, never a body byte; one closed or answered is opened again at once.
+- `unroutable-chats`: `clients` connections send `count` distinct chats in all, each
+  body 32 KiB (random words; as large as a router tokenizes on its loop), for a model
+  nobody serves, back to back.
+- `kv-frames`, `kv-flood`, `kv-index`: an adversarial KV-event publisher instead of a client
+  (`bench/hostile/programs/kv_attacks.py` says what they send).
 
 Every attack lives here, over 450 lines, so that one runner and one command line
 start any of them and the catalogue reads in one place.
@@ -35,18 +45,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
+import random
 import resource
 import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import httptools
 import uvloop
 
+from bench.hostile.programs.kv_attacks import kv_flood, kv_frames, kv_index
+from bench.hostile.programs.plan import Plan, Stats, error_name, wait_start
 from bench.hostile.rawhttp import (
     ConnectionClosed,
     RawConnection,
@@ -59,6 +70,9 @@ __all__ = ["ATTACKS", "Plan", "nested_arrays_body", "two_byte_chunks"]
 
 MIB = 1024 * 1024
 BODY_BYTES = 31 * MIB
+DECLARED_BYTES = 32 * MIB
+"""What a keyless head declares: the router's default body limit, all of it."""
+UNROUTABLE_BYTES = 32 * 1024
 DEPTH = 100_000
 CHAT = "/v1/chat/completions"
 UNKNOWN_MODEL = "no-such-model"
@@ -76,26 +90,6 @@ _SLOW_HEAD = (
 )
 _SLOW_TICKS = 10
 """Slowloris writes to a tenth of its connections every tenth of a second."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    host: str
-    port: int
-    start_at: float
-    stop_at: float
-    clients: int
-    waves: int
-    connections: int
-
-    def remaining(self, floor: float = 0.01) -> float:
-        return max(floor, self.stop_at - time.monotonic())
-
-    def running(self) -> bool:
-        return time.monotonic() < self.stop_at
-
-
-Stats = dict[str, object]
 
 
 def nested_arrays_body(size: int, model: str = UNKNOWN_MODEL) -> bytes:
@@ -138,24 +132,18 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _error_name(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return os.strerror(exc.errno)
-    return type(exc).__name__
-
-
 # --- json-bodies ----------------------------------------------------------------
 
 
-async def json_bodies(plan: Plan) -> Stats:
+async def json_bodies(plan: Plan, deep_first: bool = True) -> Stats:
     wide = post_request(CHAT, nested_arrays_body(BODY_BYTES))
     deep = post_request(CHAT, deep_body(DEPTH))
     answers: Counter[str] = Counter()
-    await _wait_start(plan)
+    await wait_start(plan)
 
     async def client() -> None:
         conn: RawConnection | None = None
-        request, kind = deep, "deep"
+        request, kind = (deep, "deep") if deep_first else (wide, "31 MiB")
         while plan.running():
             try:
                 if conn is None or conn.closed:
@@ -168,7 +156,7 @@ async def json_bodies(plan: Plan) -> Stats:
             except TimeoutError:
                 answers[f"{kind} body: still unanswered at the end"] += 1
             except (ConnectionClosed, OSError, httptools.HttpParserError) as exc:
-                answers[f"{kind} body: {_error_name(exc)}"] += 1
+                answers[f"{kind} body: {error_name(exc)}"] += 1
                 if conn is not None:
                     conn.abort()
                 await asyncio.sleep(_ERROR_PAUSE_S)
@@ -180,6 +168,11 @@ async def json_bodies(plan: Plan) -> Stats:
     return {"answers": dict(answers), "uploaders": plan.clients}
 
 
+async def wide_bodies(plan: Plan) -> Stats:
+    """`json-bodies` without the deep first body: only the parse workers' time is taken."""
+    return await json_bodies(plan, deep_first=False)
+
+
 # --- chunk-waves ----------------------------------------------------------------
 
 
@@ -189,7 +182,7 @@ async def chunk_waves(plan: Plan) -> Stats:
         b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
     )
     wire = memoryview(two_byte_chunks(nested_arrays_body(BODY_BYTES)))
-    await _wait_start(plan)
+    await wait_start(plan)
     span = (plan.stop_at - plan.start_at) / plan.waves
     sent: list[int] = []
     per_wave: list[float] = []
@@ -203,7 +196,7 @@ async def chunk_waves(plan: Plan) -> Stats:
                 max(0.01, wave_end - time.monotonic()),
             )
         except (OSError, TimeoutError) as exc:
-            outcomes[f"connect: {_error_name(exc)}"] += 1
+            outcomes[f"connect: {error_name(exc)}"] += 1
             return
         try:
             writer.write(head)
@@ -215,7 +208,7 @@ async def chunk_waves(plan: Plan) -> Stats:
         except TimeoutError:
             outcomes["disconnected mid-body at the wave's end"] += 1
         except (ConnectionError, OSError) as exc:
-            outcomes[f"router closed: {_error_name(exc)}"] += 1
+            outcomes[f"router closed: {error_name(exc)}"] += 1
         finally:
             sent.append(written)
             writer.close()
@@ -290,7 +283,7 @@ async def _open_many(plan: Plan, count: int, read: bool) -> tuple[list[_Tracked]
                     plan.remaining(),
                 )
             except (OSError, TimeoutError) as exc:
-                errors[_error_name(exc)] += 1
+                errors[error_name(exc)] += 1
                 return
             opened.append(protocol)
 
@@ -310,7 +303,7 @@ def _close_all(conns: list[_Tracked]) -> None:
 
 async def pipeline(plan: Plan) -> Stats:
     block = get_request("/v1/models") * _PIPELINE_BLOCK
-    await _wait_start(plan)
+    await wait_start(plan)
     conns, errors = await _open_many(plan, plan.connections, read=False)
     written = 0
 
@@ -336,7 +329,7 @@ async def pipeline(plan: Plan) -> Stats:
 
 
 async def slowloris(plan: Plan) -> Stats:
-    await _wait_start(plan)
+    await wait_start(plan)
     conns, errors = await _open_many(plan, plan.connections, read=True)
     position = [0] * len(conns)
     tick = 0
@@ -362,7 +355,7 @@ async def slowloris(plan: Plan) -> Stats:
 
 
 async def idle(plan: Plan) -> Stats:
-    await _wait_start(plan)
+    await wait_start(plan)
     opened_from = time.monotonic()
     conns, errors = await _open_many(plan, plan.connections, read=True)
     opened_s = time.monotonic() - opened_from
@@ -377,6 +370,116 @@ async def idle(plan: Plan) -> Stats:
     return stats
 
 
+# --- what a client without a key can take -------------------------------------------------
+
+_KEYLESS_HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\n\r\n" % DECLARED_BYTES
+)
+
+
+async def keyless_heads(plan: Plan) -> Stats:
+    """`connections` connections on each port, each a keyless POST head declaring 32 MiB and
+    never a byte of body; one the router closes (or answers) is opened again at once."""
+    ports = [plan.port] + ([plan.also_port] if plan.also_port else [])
+    answers: dict[int, Counter[str]] = {port: Counter() for port in ports}
+    opened: Counter[int] = Counter()
+    await wait_start(plan)
+
+    async def hold(port: int) -> None:
+        while plan.running():
+            try:
+                conn = await RawConnection.open(plan.host, port, timeout=plan.remaining())
+            except (OSError, TimeoutError) as exc:
+                answers[port][f"connect: {error_name(exc)}"] += 1
+                await asyncio.sleep(_ERROR_PAUSE_S)
+                continue
+            opened[port] += 1
+            held_from = time.monotonic()
+            try:
+                await conn.send(_KEYLESS_HEAD, plan.remaining())
+                answer = await conn.response(plan.remaining())
+                answers[port][f"answered {answer.status}"] += 1
+            except TimeoutError:
+                answers[port]["held to the end, unanswered"] += 1
+            except (ConnectionClosed, OSError, httptools.HttpParserError) as exc:
+                held = time.monotonic() - held_from
+                answers[port][f"closed unanswered after {held:.0f} s: {error_name(exc)}"] += 1
+            finally:
+                conn.abort()
+            await asyncio.sleep(_ERROR_PAUSE_S if plan.running() else 0.0)
+
+    await asyncio.gather(*(hold(port) for port in ports for _ in range(plan.connections)))
+    return {
+        "heads per port": plan.connections,
+        "declared MiB each": DECLARED_BYTES / MIB,
+        "by port": {
+            ("data" if port == plan.port else "admin"): {
+                "connections opened": opened[port],
+                "outcomes": dict(answers[port]),
+            }
+            for port in ports
+        },
+    }
+
+
+# --- tokenizing what nobody serves -----------------------------------------------------------
+
+
+def _distinct_chat(rng: random.Random, words: list[str], size: int) -> bytes:
+    """A chat body of at most `size` bytes (the most a router tokenizes on its loop), of words
+    no other chat repeats in that order."""
+    shell = {"model": UNKNOWN_MODEL, "messages": [{"role": "user", "content": ""}]}
+    room = size - len(json.dumps(shell))
+    text = " ".join(rng.choices(words, k=room // 5))[:room]
+    shell["messages"][0]["content"] = text
+    return json.dumps(shell).encode()
+
+
+async def unroutable_chats(plan: Plan) -> Stats:
+    """`clients` connections send `count` distinct 32 KiB chats in all for a model nobody
+    serves, back to back (each built just before it is sent)."""
+    rng = random.Random(17)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choices(letters, k=rng.randint(2, 9))) for _ in range(20_000)]
+    answers: Counter[str] = Counter()
+    sent = 0
+    await wait_start(plan)
+
+    async def client() -> None:
+        nonlocal sent
+        conn: RawConnection | None = None
+        while plan.running() and sent < plan.count:
+            sent += 1
+            request = post_request(CHAT, _distinct_chat(rng, words, UNROUTABLE_BYTES))
+            try:
+                if conn is None or conn.closed:
+                    conn = await RawConnection.open(plan.host, plan.port, timeout=plan.remaining())
+                await conn.send(request, plan.remaining())
+                answer = await conn.response(plan.remaining())
+                answers[str(answer.status)] += 1
+                if not answer.keep_alive:
+                    conn.close()
+            except TimeoutError:
+                answers["still unanswered at the end"] += 1
+            except (ConnectionClosed, OSError, httptools.HttpParserError) as exc:
+                answers[error_name(exc)] += 1
+                if conn is not None:
+                    conn.abort()
+                await asyncio.sleep(_ERROR_PAUSE_S)
+        if conn is not None:
+            conn.abort()
+
+    started = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(plan.clients)))
+    return {
+        "chats sent": sent,
+        "KiB each": UNROUTABLE_BYTES // 1024,
+        "seconds": round(time.monotonic() - started, 1),
+        "answers": dict(answers),
+    }
+
+
 # --- requests the adversarial engine answers --------------------------------------------
 
 
@@ -389,7 +492,7 @@ async def evil_requests(plan: Plan) -> Stats:
     answers: Counter[str] = Counter()
     slowest = 0.0
     header_mib = 0.0
-    await _wait_start(plan)
+    await wait_start(plan)
 
     async def client() -> None:
         nonlocal slowest, header_mib
@@ -407,7 +510,7 @@ async def evil_requests(plan: Plan) -> Stats:
             except TimeoutError:
                 answers["still unanswered at the end"] += 1
             except (ConnectionClosed, OSError, httptools.HttpParserError) as exc:
-                answers[_error_name(exc)] += 1
+                answers[error_name(exc)] += 1
                 await asyncio.sleep(_ERROR_PAUSE_S)
             finally:
                 if conn is not None:
@@ -450,7 +553,7 @@ async def _desync_once(plan: Plan, variant: int) -> str:
     except httptools.HttpParserError:
         return "garbled bytes on the connection"
     except OSError as exc:
-        return _error_name(exc)
+        return error_name(exc)
     finally:
         if conn is not None:
             conn.abort()
@@ -463,7 +566,7 @@ async def _desync_once(plan: Plan, variant: int) -> str:
 
 async def desync(plan: Plan) -> Stats:
     outcomes: dict[int, Counter[str]] = {variant: Counter() for variant in (1, 2, 3, 4)}
-    await _wait_start(plan)
+    await wait_start(plan)
 
     async def client(offset: int) -> None:
         attempt = offset
@@ -488,12 +591,14 @@ async def desync(plan: Plan) -> Stats:
 # --- running one ------------------------------------------------------------------
 
 
-async def _wait_start(plan: Plan) -> None:
-    await asyncio.sleep(max(0.0, plan.start_at - time.monotonic()))
-
-
 ATTACKS: dict[str, Callable[[Plan], Awaitable[Stats]]] = {
     "json-bodies": json_bodies,
+    "wide-bodies": wide_bodies,
+    "keyless-heads": keyless_heads,
+    "unroutable-chats": unroutable_chats,
+    "kv-frames": kv_frames,
+    "kv-flood": kv_flood,
+    "kv-index": kv_index,
     "chunk-waves": chunk_waves,
     "pipeline": pipeline,
     "slowloris": slowloris,
@@ -523,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--waves", type=int, default=4)
     parser.add_argument("--connections", type=int, default=100)
+    parser.add_argument("--also-port", type=int, help="a second port attacked alike")
+    parser.add_argument("--count", type=int, default=0, help="requests in all")
+    parser.add_argument("--kv-endpoint", default="", help="KV-event PUB socket to bind")
+    parser.add_argument("--replay-endpoint", default="", help="KV-event replay socket to bind")
+    parser.add_argument("--sizes-mib", default="", help="comma list: large KV-event frames")
+    parser.add_argument("--blocks", type=int, default=0, help="blocks a KV publisher stores")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     _raise_fd_limit()
@@ -534,6 +645,12 @@ def main(argv: list[str] | None = None) -> int:
         args.clients,
         max(1, args.waves),
         args.connections,
+        also_port=args.also_port,
+        count=args.count,
+        kv_endpoint=args.kv_endpoint,
+        replay_endpoint=args.replay_endpoint,
+        sizes_mib=tuple(float(size) for size in args.sizes_mib.split(",") if size),
+        blocks=args.blocks,
     )
     stats = uvloop.run(_run(args.attack, plan))
     args.out.write_text(json.dumps(stats, indent=1))

@@ -16,6 +16,11 @@ until its mode is switched over `POST /_evil/mode {"mode": ..., "model": ...}`
   as its body, then the 200; 4 as 3 with the 200 in a later write.
 - `hang`: every request (probes too) is read and never answered; the connection is
   held until the mode changes. Chat requests' `x-hostile-id` values are recorded.
+- `kv-huge`: healthy, and `/metrics` advertises a KV cache of 10**17 blocks of 1 token
+  (`vllm:cache_config_info`): a router bounds its index of this engine by its own
+  setting, or not at all.
+- `tokenize-hang`: healthy, with zero load in `/metrics`, but `POST /tokenize` is read
+  and never answered until the mode changes.
 
 The big answers are built once, on first use. Run as
 `python -m bench.hostile.programs.evil_engine --port P`; it serves until SIGTERM.
@@ -39,7 +44,20 @@ from headcount.sim.engine.models import ModelCatalog
 
 __all__ = ["MODES", "PLANTED", "main"]
 
-MODES = ("healthy", "metrics", "adapters", "nested", "header", "desync", "hang")
+MODES = (
+    "healthy",
+    "metrics",
+    "adapters",
+    "nested",
+    "header",
+    "desync",
+    "hang",
+    "kv-huge",
+    "tokenize-hang",
+)
+HOLDING = ("hang", "tokenize-hang")
+"""Modes that hold some requests unanswered until the mode changes."""
+HUGE_BLOCKS = 10**17
 PLANTED = b"PLANTED"
 MIB = 1024 * 1024
 METRICS_BYTES = 100 * MIB
@@ -97,6 +115,15 @@ def _gauges(model: str) -> bytes:
     ).encode()
 
 
+def _huge_cache(model: str) -> bytes:
+    return (
+        _gauges(model)
+        + (
+            f'vllm:cache_config_info{{block_size="1",num_gpu_blocks="{HUGE_BLOCKS}"}} 1.0\n'
+        ).encode()
+    )
+
+
 def _big_metrics(model: str) -> bytes:
     line = f'vllm:num_requests_running{{model_name="{model}",replica="0000000"}} 0.0\n'.encode()
     return line * (METRICS_BYTES // len(line))
@@ -128,7 +155,7 @@ class Engine:
         self._cache: dict[tuple[str, str], bytes] = {}
 
     def set_mode(self, mode: str, model: str) -> None:
-        if self.mode == "hang" and mode != "hang":
+        if self.mode in HOLDING and mode != self.mode:
             self._release.set()
             self._release = asyncio.Event()
         self.mode, self.model = mode, model
@@ -171,8 +198,13 @@ class Engine:
                 body = _models(self.model)
             writer.write(_response(200, body))
         elif path.startswith(b"/metrics"):
-            body = self._built("metrics", _big_metrics) if mode == "metrics" else b""
-            writer.write(_response(200, body or _gauges(self.model)))
+            if mode == "metrics":
+                body = self._built("metrics", _big_metrics)
+            elif mode == "kv-huge":
+                body = _huge_cache(self.model)
+            else:
+                body = _gauges(self.model)
+            writer.write(_response(200, body))
         elif path.startswith(_CHAT_PATHS):
             await self._chat(writer, headers)
         else:
@@ -260,6 +292,10 @@ async def _connection(
                 await _admin(engine, writer, path, body)
                 continue
             engine.seen[path.split(b"?")[0].decode(errors="replace")] += 1
+            if engine.mode == "tokenize-hang" and path.startswith(b"/tokenize"):
+                await engine.hold()
+                writer.transport.abort()
+                return
             if engine.mode == "hang":
                 if path.startswith(_CHAT_PATHS) and b"x-hostile-id" in headers:
                     engine.hung_ids.append(headers[b"x-hostile-id"].decode(errors="replace"))

@@ -13,7 +13,15 @@ for the requests still in flight and writes one JSON object per line to F:
   `--rate`, each started on its tick whatever the earlier ones do (open loop: a
   stalled router cannot slow the traffic down and hide), over a pool of keep-alive
   connections (at most 4 kept idle), `{"k": "n", "t", "ms", "st", "id", "err"}`. Each carries
-  `x-hostile-id: <id>` so an engine can tell which requests reached it.
+  `x-hostile-id: <id>` so an engine can tell which requests reached it;
+- with `--big-rate`, chats whose prompt is 200 KB (larger than what the router parses
+  on its loop, so each goes to a parse worker) at that rate, open loop too,
+  `{"k": "b", ...}` as the small ones.
+
+It connects from `--source` if given: a router that tells clients apart by address
+(a fair share each) then sees it as a client of its own, apart from the attacks.
+With `--api-key` every chat carries `Authorization: Bearer <key>`; `--livez-port`
+sends the stall timer to another port (the router's `--admin-port`).
 
 It runs in its own process so the attacks' work never delays its timing.
 """
@@ -35,9 +43,17 @@ from bench.hostile.rawhttp import ConnectionClosed, RawConnection, get_request, 
 __all__ = ["main"]
 
 _LIVEZ = get_request("/livez")
-_CHAT = json.dumps(
-    {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-).encode()
+BIG_PROMPT_BYTES = 200_000
+
+
+def _chat(content: str) -> bytes:
+    return json.dumps(
+        {"model": "sim-model", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    ).encode()
+
+
+_CHAT = _chat("hi")
+_BIG_CHAT = _chat(("lorem ipsum dolor sit amet " * (BIG_PROMPT_BYTES // 27 + 1))[:BIG_PROMPT_BYTES])
 _FAILURES = (ConnectionClosed, OSError, TimeoutError, httptools.HttpParserError)
 _MAX_IDLE = 4
 """Keep-alive connections kept for reuse; the extra ones a stall made are closed after it,
@@ -45,8 +61,13 @@ so the router's open fds after an attack count the attack, not the observer's po
 
 
 class Observer:
-    def __init__(self, host: str, port: int, timeout: float, tag: str) -> None:
+    def __init__(
+        self, host: str, port: int, timeout: float, tag: str, livez_port: int, key: str, source: str
+    ) -> None:
         self.host, self.port, self.timeout, self.tag = host, port, timeout, tag
+        self.source = source or None
+        self.livez_port = livez_port
+        self._auth = f"authorization: Bearer {key}\r\n".encode() if key else b""
         self.records: list[dict[str, object]] = []
         self._idle: list[RawConnection] = []
 
@@ -58,7 +79,9 @@ class Observer:
             ok = True
             try:
                 if conn is None or conn.closed:
-                    conn = await RawConnection.open(self.host, self.port, timeout=self.timeout)
+                    conn = await RawConnection.open(
+                        self.host, self.livez_port, timeout=self.timeout, source=self.source
+                    )
                 await conn.send(_LIVEZ, self.timeout)
                 answer = await conn.response(self.timeout)
                 if not answer.keep_alive:
@@ -74,24 +97,29 @@ class Observer:
         if conn is not None:
             conn.abort()
 
-    async def traffic(self, until: float, rate: float) -> None:
+    async def traffic(self, until: float, rate: float, big: bool = False) -> None:
+        if rate <= 0:
+            return
         every = 1.0 / rate
         in_flight: set[asyncio.Task[None]] = set()
         number = 0
         next_at = time.monotonic()
+        kind, body, tag = ("b", _BIG_CHAT, f"{self.tag}-big") if big else ("n", _CHAT, self.tag)
         while next_at < until:
             number += 1
-            task = asyncio.create_task(self._chat(f"{self.tag}-{number}"))
+            task = asyncio.create_task(self._chat(f"{tag}-{number}", kind, body))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
             next_at += every
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
         if in_flight:
             await asyncio.wait(in_flight, timeout=self.timeout + 5)
+
+    def close(self) -> None:
         for conn in self._idle:
             conn.abort()
 
-    async def _chat(self, request_id: str) -> None:
+    async def _chat(self, request_id: str, kind: str, body: bytes) -> None:
         started = time.monotonic()
         deadline = started + self.timeout
         status, error = 0, ""
@@ -99,9 +127,13 @@ class Observer:
         try:
             conn = self._idle.pop() if self._idle else None
             if conn is None:
-                conn = await RawConnection.open(self.host, self.port, timeout=self.timeout)
+                conn = await RawConnection.open(
+                    self.host, self.port, timeout=self.timeout, source=self.source
+                )
             request = post_request(
-                "/v1/chat/completions", _CHAT, b"x-hostile-id: %s\r\n" % request_id.encode()
+                "/v1/chat/completions",
+                body,
+                b"x-hostile-id: %s\r\n%s" % (request_id.encode(), self._auth),
             )
             await conn.send(request, max(0.01, deadline - time.monotonic()))
             answer = await conn.response(max(0.01, deadline - time.monotonic()))
@@ -118,7 +150,7 @@ class Observer:
                 conn.close()
         self.records.append(
             {
-                "k": "n",
+                "k": kind,
                 "t": started,
                 "ms": (time.monotonic() - started) * 1000,
                 "st": status,
@@ -129,10 +161,21 @@ class Observer:
 
 
 async def _observe(args: argparse.Namespace) -> list[dict[str, object]]:
-    observer = Observer(args.host, args.port, args.timeout, args.tag)
-    await asyncio.gather(
-        observer.livez(args.until, args.livez_every), observer.traffic(args.until, args.rate)
+    observer = Observer(
+        args.host,
+        args.port,
+        args.timeout,
+        args.tag,
+        args.livez_port or args.port,
+        args.api_key,
+        args.source,
     )
+    await asyncio.gather(
+        observer.livez(args.until, args.livez_every),
+        observer.traffic(args.until, args.rate),
+        observer.traffic(args.until, args.big_rate, big=True),
+    )
+    observer.close()
     return observer.records
 
 
@@ -143,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", type=float, required=True, help="CLOCK_MONOTONIC seconds")
     parser.add_argument("--rate", type=float, default=50.0, help="normal requests per second")
     parser.add_argument("--livez-every", type=float, default=0.005, help="seconds")
+    parser.add_argument("--livez-port", type=int, help="port of /livez (default: --port)")
+    parser.add_argument("--api-key", default="", help="sent as a bearer key on every chat")
+    parser.add_argument("--source", default="", help="local address to connect from")
+    parser.add_argument("--big-rate", type=float, default=0.0, help="200 KB chats per second")
     parser.add_argument("--timeout", type=float, default=30.0, help="per request, seconds")
     parser.add_argument("--tag", default="n", help="prefix of the x-hostile-id values")
     parser.add_argument("--out", type=Path, required=True)
