@@ -141,7 +141,8 @@ class ProxySettings:
     larger ones in a worker process, so that no body stalls other clients."""
     parse_workers: int = 2
     """Worker processes for large bodies, started on first use; a hostile body ties one up
-    for seconds, never the event loop."""
+    for seconds, never the event loop. Bodies over 1 MiB take all but one (with 1, a second
+    is started for the smaller bodies beside a large one)."""
     parse_worker_memory: int = 1024 * 1024 * 1024
     """Address space one large-body parse may add: real bodies need a few times their size
     (token-id arrays ~7x), hostile nesting ~30x; past it the request gets 413."""

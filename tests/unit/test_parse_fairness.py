@@ -2,6 +2,7 @@
 
 A `Gated` worker reads a body only when the test opens its gate, so the order in
 which queued bodies are started is seen exactly, with no process and no timing.
+`huge(...)` bodies are over the pool's large-body bound, the others under it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from headcount.sim.cluster.polling import wait_until
 __all__: list[str] = []
 
 ATTACKER, VICTIM = "10.0.0.6", "10.0.0.7"
+
+
+def huge(name: bytes) -> bytes:
+    """A body over the large-body bound (1 MiB), named by its first bytes."""
+    return name + b" " * (1024 * 1024)
 
 
 class Gated:
@@ -56,6 +62,18 @@ class Pool:
         read = self.read(body, client)
         await wait_until(lambda: body in self.started, timeout=5, what="the worker busy")
         return read
+
+    def names(self) -> list[bytes]:
+        """The bodies begun so far, by name (a huge body's first word)."""
+        return [body.split(b" ", 1)[0] for body in self.started]
+
+    def finish(self, name: bytes) -> None:
+        """Let the read of the body named `name` finish."""
+        self.gates[self.names().index(name)].set_result(None)
+
+    async def begun(self, count: int) -> None:
+        """Wait until `count` bodies have been begun."""
+        await wait_until(lambda: len(self.started) == count, timeout=5, what=f"{count} begun")
 
     async def finish_one(self) -> None:
         """Let the oldest read still running finish, and the next one start."""
@@ -138,6 +156,69 @@ async def test_a_reader_that_stops_waiting_gives_its_place_in_the_queue_back() -
     pool.gates[-1].set_result(None)
     assert (await first, await third) == (("a1", None), ("a3", None))
     assert pool.started == [b"a1", b"a3"]
+    await pool.pool.close()
+
+
+async def test_a_small_body_starts_at_once_while_all_but_one_worker_read_huge_bodies() -> None:
+    pool = Pool(workers=3)
+    reads = [pool.read(huge(b"h%d" % n), ATTACKER) for n in range(1, 6)]
+    await wait_until(
+        lambda: len(pool.started) >= 2 and len(pool.started) + pool.pool.waiting == 5,
+        timeout=5,
+        what="huge bodies begun or queued",
+    )
+    reads.append(pool.read(b"v1", VICTIM))
+    await wait_until(lambda: b"v1" in pool.started, timeout=5, what="the small body begun")
+    assert pool.names() == [b"h1", b"h2", b"v1"]  # the third worker was kept for small bodies
+    pool.finish(b"v1")
+    assert await reads[-1] == ("v1", None)
+    for begun, name in enumerate((b"h1", b"h2", b"h3"), start=4):
+        pool.finish(name)  # its worker takes the next huge body
+        await pool.begun(begun)
+    assert pool.names() == [b"h1", b"h2", b"v1", b"h3", b"h4", b"h5"]
+    pool.finish(b"h4")
+    pool.finish(b"h5")
+    await asyncio.gather(*reads)
+    await pool.pool.close()
+
+
+async def test_a_clients_small_body_is_not_behind_its_own_huge_ones() -> None:
+    pool = Pool(workers=2)
+    reads = [pool.read(huge(b"h%d" % n), ATTACKER) for n in range(1, 4)]
+    await wait_until(lambda: pool.pool.waiting == 2, timeout=5, what="huge bodies queued")
+    reads += [pool.read(b"a%d" % n, ATTACKER) for n in range(1, 3)]
+    await wait_until(lambda: len(pool.started) == 2, timeout=5, what="a small body begun")
+    pool.finish(b"h1")  # its worker takes the next huge body, not a small one
+    await pool.begun(3)
+    pool.finish(b"a1")  # its worker takes the next small body
+    await pool.begun(4)
+    assert pool.names() == [b"h1", b"a1", b"h2", b"a2"]
+    pool.finish(b"a2")
+    pool.finish(b"h2")
+    await pool.begun(5)
+    pool.finish(b"h3")
+    await asyncio.gather(*reads)
+    await pool.pool.close()
+
+
+async def test_one_worker_busy_with_a_huge_body_gets_a_second_lane_for_small_ones() -> None:
+    pool = Pool(workers=1)
+    huge_read = await pool.busy(huge(b"h1"), ATTACKER)
+    later_huge = pool.read(huge(b"h2"), ATTACKER)
+    small = pool.read(b"v1", VICTIM)
+    await wait_until(lambda: b"v1" in pool.started, timeout=5, what="the small body begun")
+    assert pool.names() == [b"h1", b"v1"] and pool.pool.waiting == 1
+    pool.finish(b"v1")
+    assert await small == ("v1", None)
+    small = await pool.busy(b"v2", VICTIM)
+    assert pool.pool.workers == 2  # the second lane is kept while a huge body is read
+    pool.finish(b"v2")
+    pool.finish(b"h1")  # its worker takes h2
+    await pool.begun(4)
+    assert pool.names() == [b"h1", b"v1", b"v2", b"h2"]
+    pool.finish(b"h2")
+    await asyncio.gather(huge_read, later_huge, small)
+    await wait_until(lambda: pool.pool.workers == 1, timeout=5, what="the second lane stopped")
     await pool.pool.close()
 
 

@@ -11,11 +11,19 @@ is replaced on the next request, and the request it was reading gets
 `UNAVAILABLE` (503). A request whose client leaves stops waiting at once; its
 worker finishes the parse and takes the next body.
 
-Bodies waiting for a worker queue per client (the address their connection
-comes from), and clients take turns (`fairqueue.py`): a client that sends many
-huge bodies cannot make another's small one wait behind all of them, only
-behind one. A client with `per_client` bodies waiting, or a pool with `queued`
-in all, gets `UNAVAILABLE` (503 `overloaded`) for one more at once.
+Bodies over `large` bytes (1 MiB) are read in at most `workers - 1` workers at
+once, so that one worker is always left for the bodies under it: a hostile
+large body ties a worker up for seconds, a body under 1 MiB for at most ~65 ms
+(hostile nesting; a real 200 KB prompt, a millisecond), so a small body never
+waits behind a large one. With one worker, a second is started for a small
+body while the first reads a large one, and stopped once it is idle. Small
+and large bodies wait in queues of their own, and a worker goes on with the
+kind it just read if one waits (so neither kind's lane is taken by the other),
+else the other kind. In each queue clients take turns (`fairqueue.py`), by the
+address their connection comes from: a client that sends many huge bodies
+cannot make another's wait behind all of them, only behind one. A client with
+`per_client` bodies waiting in one queue, or a queue with `queued` in all,
+gets `UNAVAILABLE` (503 `overloaded`) for one more at once.
 
 A key source a worker cannot import by name (a lambda, say) is run on the loop
 instead, with a warning once: correct, only not protected.
@@ -65,6 +73,9 @@ that each take seconds is refused instead of making every client wait minutes.""
 _CLIENT_QUEUED_PER_WORKER = 16
 """Bodies one client may have waiting, per worker: room for a gateway's bursts, while no
 client fills the queue for all."""
+_LARGE = 1024 * 1024
+"""Bodies over this may not take the last worker: 16 x the loop's inline bound (64 KiB,
+~4 ms of hostile JSON) is ~65 ms a body at worst, and holds a long-context prompt."""
 
 
 class Worker(Protocol):
@@ -83,6 +94,9 @@ class Worker(Protocol):
 
 StartWorker = Callable[[int], Awaitable[Worker]]
 """Starts a worker whose parse may add at most that many bytes of address space (0: any)."""
+
+
+_Queue = FairQueue[asyncio.Future[Worker | None]]
 
 
 class _Worker:
@@ -145,21 +159,30 @@ class ParsePool:
         start: StartWorker = _Worker.start,
         per_client: int | None = None,
         queued: int | None = None,
+        large: int = _LARGE,
     ) -> None:
         """`memory_limit`: bytes of address space a worker's parse may add (0: unbounded);
         `start`: how a worker is started (a child process; tests inject others);
-        `per_client`, `queued`: bodies that may wait for a worker, of one client and in all
-        (None: a number per worker, `_CLIENT_QUEUED_PER_WORKER`, `_QUEUED_PER_WORKER`)."""
+        `per_client`, `queued`: bodies that may wait for a worker in each queue, of one
+        client and in all (None: a number per worker, `_CLIENT_QUEUED_PER_WORKER`,
+        `_QUEUED_PER_WORKER`); `large`: bodies over these bytes may not take the last worker."""
         self._max = workers
+        self._large_max = max(1, workers - 1)
+        """Workers that may read large bodies at once."""
+        self._large_size = large
         self._memory_limit = memory_limit
         self._start_worker = start
         self._idle: list[Worker] = []
         self._count = 0
         """Workers running or starting."""
-        self._waiters: FairQueue[asyncio.Future[Worker | None]] = FairQueue(
+        self._large_busy = 0
+        """Workers handed a large body and not yet released."""
+        bounds = (
             per_client if per_client is not None else _CLIENT_QUEUED_PER_WORKER * workers,
             queued if queued is not None else _QUEUED_PER_WORKER * workers,
         )
+        self._waiters: tuple[_Queue, _Queue] = (FairQueue(*bounds), FairQueue(*bounds))
+        """Small bodies' waiters, large ones'."""
         self._tasks: set[asyncio.Future[Any]] = set()
         self._names: dict[KeySource, str | None] = {}
         self._closed = False
@@ -169,7 +192,12 @@ class ParsePool:
     @property
     def waiting(self) -> int:
         """Bodies waiting for a worker."""
-        return len(self._waiters)
+        return len(self._waiters[0]) + len(self._waiters[1])
+
+    @property
+    def workers(self) -> int:
+        """Workers running or starting."""
+        return self._count
 
     async def read(
         self,
@@ -186,11 +214,12 @@ class ParsePool:
             if name is None:
                 lookup = dict(reversed(headers)).get
                 return payload.read_payload(body, key_source, lookup)
-        worker = await self._acquire(client)
+        large = len(body) > self._large_size
+        worker = await self._acquire(client, large)
         if worker is None:
             return UNAVAILABLE
         head, meta = payload.encode_request(body, name, headers)
-        job = asyncio.ensure_future(self._ask(worker, head, meta, body))
+        job = asyncio.ensure_future(self._ask(worker, large, head, meta, body))
         self._track(job)
         # A client that leaves stops waiting; the worker finishes and is released.
         return await asyncio.shield(job)
@@ -201,9 +230,10 @@ class ParsePool:
         for worker in self._idle:
             worker.kill()
         self._idle.clear()
-        while (waiter := self._waiters.pop()) is not None:
-            if not waiter.done():
-                waiter.set_result(None)
+        for queue in self._waiters:
+            while (waiter := queue.pop()) is not None:
+                if not waiter.done():
+                    waiter.set_result(None)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -211,28 +241,37 @@ class ParsePool:
 
     # -- workers ------------------------------------------------------------------------------
 
-    async def _acquire(self, client: str) -> Worker | None:
+    async def _acquire(self, client: str, large: bool) -> Worker | None:
         if self._closed:
             return None
-        while self._idle:
+        while self._idle and (not large or self._large_busy < self._large_max):
             worker = self._idle.pop()
             if worker.alive:
+                self._large_busy += large
                 return worker
-            self._lost(worker, None)  # died while idle (killed, say): never handed a body
+            self._lost(worker, None, False)  # died while idle (killed, say): never handed a body
         waiter: asyncio.Future[Worker | None] = asyncio.get_running_loop().create_future()
-        if not self._waiters.push(client, waiter):
+        queue = self._waiters[large]
+        if not queue.push(client, waiter):
             self._warn("too many request bodies wait to be read: answered 503 (%s)", client)
             return None
-        if self._count < self._max:
+        if self._may_start(large):
             self._spawn()
         try:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and (handed := waiter.result()):
-                self._release(handed)
+                self._release(handed, large)
             else:
-                self._waiters.remove(client, waiter)
+                queue.remove(client, waiter)
             raise
+
+    def _may_start(self, large: bool) -> bool:
+        """Whether a body of that kind waiting may start another worker: a small one also
+        when every worker reads a large one (with one worker: the second lane)."""
+        if large:
+            return self._count < self._max and self._large_busy < self._large_max
+        return self._count < max(self._max, self._large_busy + 1)
 
     def _spawn(self) -> None:
         self._count += 1
@@ -248,47 +287,62 @@ class ParsePool:
         except (OSError, ValueError) as error:
             self._count -= 1
             self._warn("cannot start a body-parsing worker: %s", error)
-            self._wake(None)
+            self._wake(None, False)
             return
         except asyncio.CancelledError:
             self._count -= 1
             raise
-        self._release(worker)
+        self._release(worker, False)
 
-    async def _ask(self, worker: Worker, head: bytes, meta: bytes, body: bytes) -> Outcome:
+    async def _ask(
+        self, worker: Worker, large: bool, head: bytes, meta: bytes, body: bytes
+    ) -> Outcome:
         try:
             outcome = await worker.ask(head, meta, body)
         except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as error:
-            self._lost(worker, error)
+            self._lost(worker, error, large)
             return UNAVAILABLE
         except asyncio.CancelledError:
-            self._lost(worker, None)
+            self._lost(worker, None, large)
             raise
-        self._release(worker)
+        self._release(worker, large)
         return outcome
 
-    def _release(self, worker: Worker) -> None:
-        if self._closed:
-            worker.kill()
-            self._count -= 1
+    def _release(self, worker: Worker, large: bool) -> None:
+        """Take back `worker`, which read a body of that kind (a new one: False)."""
+        self._large_busy -= large
+        if not self._closed and self._wake(worker, large):
             return
-        if not self._wake(worker):
+        if self._closed or self._count > max(self._max, self._large_busy + 1):
+            worker.kill()  # closing, or one worker's second lane once no large body is read
+            self._count -= 1
+        else:
             self._idle.append(worker)
 
-    def _wake(self, worker: Worker | None) -> bool:
-        """Hand `worker` (None: a failed start) to the waiting request whose turn it is."""
-        while (waiter := self._waiters.pop()) is not None:
-            if not waiter.done():
-                waiter.set_result(worker)
-                return True
+    def _wake(self, worker: Worker | None, large: bool) -> bool:
+        """Hand `worker` (None: a failed start) to the waiting request whose turn it is, of
+        the kind `large` says first: a large one only while fewer than `workers - 1` (at
+        least 1) read large bodies."""
+        for kind in (large, not large):
+            if kind and worker is not None and self._large_busy >= self._large_max:
+                continue
+            while (waiter := self._waiters[kind].pop()) is not None:
+                if not waiter.done():
+                    waiter.set_result(worker)
+                    if kind and worker is not None:
+                        self._large_busy += 1
+                    return True
         return False
 
-    def _lost(self, worker: Worker, error: BaseException | None) -> None:
+    def _lost(self, worker: Worker, error: BaseException | None, large: bool) -> None:
         worker.kill()
         self._count -= 1
+        self._large_busy -= large
         if error is not None:
             self._warn("a body-parsing worker died (%s); starting another", repr(error))
-        if self._waiters and not self._closed:
+        if not self._closed and any(
+            self._waiters[kind] and self._may_start(kind) for kind in (False, True)
+        ):
             self._spawn()
 
     def _name(self, key_source: KeySource) -> str | None:
