@@ -36,6 +36,8 @@ from tests.support import EngineConnection, raw_engine, ready_fleet, spec
 TIMEOUT = 10.0
 MODEL = "m"
 NO_HEADERS: list[tuple[bytes, bytes]] = []
+OVER_1_MIB = 1_200_000
+"""Bytes of a body over the pool's large-body bound (1 MiB): it never takes the last worker."""
 
 
 def no_header(_name: bytes) -> bytes | None:
@@ -195,7 +197,8 @@ async def test_a_reader_that_stops_waiting_leaves_the_worker_to_the_next() -> No
         assert await pool.read(b'{"model": "warm"}', None, []) == ("warm", None)
         worker = pool._idle[0]
         slow = asyncio.ensure_future(pool.read(empty_arrays(3_000_000), None, []))
-        queued = asyncio.ensure_future(pool.read(b'{"model": "q"}', None, []))
+        # over 1 MiB, so it waits for the same worker (a small body gets a second lane)
+        queued = asyncio.ensure_future(pool.read(empty_arrays(OVER_1_MIB, "q"), None, []))
         await asyncio.sleep(0)
         slow.cancel()  # its client left; the worker finishes that parse, then serves `queued`
         assert await asyncio.wait_for(queued, TIMEOUT) == ("q", None)
@@ -207,7 +210,7 @@ async def test_a_reader_that_stops_waiting_leaves_the_worker_to_the_next() -> No
 async def test_closing_the_pool_answers_waiting_reads_unavailable() -> None:
     pool = ParsePool(workers=1, memory_limit=0)
     busy = asyncio.ensure_future(pool.read(empty_arrays(3_000_000), None, []))
-    waiting = asyncio.ensure_future(pool.read(b'{"model": "w"}', None, []))
+    waiting = asyncio.ensure_future(pool.read(empty_arrays(OVER_1_MIB, "w"), None, []))
     await asyncio.sleep(0)
     await pool.close()
     assert await asyncio.wait_for(waiting, TIMEOUT) == payload.UNAVAILABLE
