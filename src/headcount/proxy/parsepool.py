@@ -5,7 +5,7 @@ means parsing its JSON. The C parser holds the GIL, and hostile input (deeply
 nested empty arrays) makes it take seconds and many times the body's size in
 objects, so a thread would stall the loop all the same. A body
 larger than the inline bound goes to one of at most `workers` child processes
-over a pipe: the loop only writes its bytes and reads back a few
+(2 if `workers` is 1, below) over a pipe: the loop only writes its bytes and reads back a few
 (`payload.py` is both ends' code). Workers start on first use; one that dies
 is replaced on the next request, and the request it was reading gets
 `UNAVAILABLE` (503). A request whose client leaves stops waiting at once; its
