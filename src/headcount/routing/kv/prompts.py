@@ -8,9 +8,10 @@
   request is routed by load.
 - Without one: an engine's own `POST /tokenize` (vLLM's chat or completion
   form), asked of one candidate (`TokenizeTurns`: in turn, not by the load it
-  reports, skipping those that failed lately) on the proxy's keep-alive pools,
-  within `timeout`, with the `Authorization` a forwarded request carries (the
-  engine key, or the client's when the router has no keys). Any failure gives
+  reports, skipping those that failed lately or leave calls unanswered) on the
+  proxy's keep-alive pools, within `timeout`, with the `Authorization` a
+  forwarded request carries (the engine key, or the client's when the router
+  has no keys). Any failure gives
   None: the request is routed by load, never failed for tokenizing. An answer
   that takes over half of `timeout` is used, but counts as a failure for the
   engine's turns: one answering just in time would tax its turns nearly as
