@@ -20,9 +20,11 @@ until it answers one (or they all end). What is measured is the gap between
 answers, not one call's wait: a busy engine answering many calls keeps moving,
 however long its queue makes each call.
 
-A hung engine costs the wait to the requests that asked it in its first
-`STALLED_AFTER`, then to one request per back-off period (one minute at most)
-per router, wherever its reported load stands.
+A hung engine costs the whole wait to the requests that asked it in its
+first `STALLED_AFTER`, then `STALLED_AFTER` to one request per back-off
+period (one minute at most; the request trying it again, `trying`, is routed
+by load after that long: `prompts.EngineTokenize`) per router, wherever its
+reported load stands.
 """
 
 from __future__ import annotations
@@ -113,6 +115,13 @@ class TokenizeTurns:
         if state is not None:
             state.trying = True
         return engine
+
+    def trying(self, engine: Engine) -> bool:
+        """Whether `engine`, just chosen, is asked again after its back-off."""
+        if not self._failing:
+            return False
+        state = self._failing.get(engine.id)
+        return state is not None and state.trying
 
     def answered(self, engine: Engine) -> None:
         """Its `/tokenize` answered (or refused): it is asked in turn again."""
