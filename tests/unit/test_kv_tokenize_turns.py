@@ -116,3 +116,16 @@ def test_when_every_candidate_stalls_none_is_asked() -> None:
     assert sorted(str(pick) for pick in chosen(turns, 3)) == ["a", "b", "c"]  # none answers
     clock.advance(STALLED_AFTER * 2)
     assert chosen(turns, 3) == [None] * 3
+
+
+def test_engines_that_left_are_forgotten_but_not_one_with_calls_out() -> None:
+    clock = FakeClock()
+    turns = TokenizeTurns(clock)
+    assert turns.choose([A]) is A  # its call hangs
+    for number in range(1000):
+        passing = engine(f"gone-{number}")
+        assert turns.choose([passing]) is passing
+        turns.answered(passing)
+    assert len(turns._calls) <= 200
+    clock.advance(STALLED_AFTER * 2)
+    assert "a" not in chosen(turns, 3)

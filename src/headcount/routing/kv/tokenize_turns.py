@@ -47,6 +47,8 @@ STALLED_AFTER = 0.05
 `/tokenize` answers in about a millisecond plus its server's queue; skipping one that is
 merely paused costs nothing but asking another candidate, and each request that asks a hung
 engine in this time waits the whole tokenize timeout."""
+_CALLS_KEPT = 64
+"""Engines whose calls out are counted before those with none out are dropped."""
 
 
 @dataclass(slots=True)
@@ -59,9 +61,9 @@ class _Failing:
 
 @dataclass(slots=True)
 class _Calls:
-    out: int
-    since: float
-    """When it last answered, or when its calls began to be out."""
+    out: int = 0
+    since: float = 0.0
+    """When it last answered, or began to have calls out."""
 
 
 class TokenizeTurns:
@@ -72,7 +74,9 @@ class TokenizeTurns:
         self._turn = 0
         self._failing: dict[str, _Failing] = {}
         self._calls: dict[str, _Calls] = {}
-        """Engines with calls out, and only those."""
+        """Each engine's calls out, kept when none are (an engine is asked again and again);
+        those of engines with none are dropped when the map has doubled since the last time."""
+        self._calls_prune_at = _CALLS_KEPT
 
     def choose(self, candidates: Sequence[Engine]) -> Engine | None:
         """The engine whose turn it is among `candidates` neither backing off nor stalled; None
@@ -81,24 +85,38 @@ class TokenizeTurns:
         if not candidates:
             return None
         engine = candidates[self._turn % len(candidates)]
-        calls = self._calls.get(engine.id)
-        if self._failing or (calls is not None and self._clock() - calls.since > STALLED_AFTER):
+        key = engine.spec.id  # not the `id` property: this is every request's path
+        calls = self._calls.get(key)
+        if self._failing or (
+            calls is not None and calls.out and self._clock() - calls.since > STALLED_AFTER
+        ):
             chosen = self._askable(candidates)
             if chosen is None:
                 return None
+            key = chosen.id
+            calls = self._calls.get(key)
             engine = chosen
-            calls = self._calls.get(engine.id)
         if calls is None:
-            self._calls[engine.id] = _Calls(1, self._clock())
-        else:
-            calls.out += 1
+            calls = self._track(key)
+        if not calls.out:
+            calls.since = self._clock()
+        calls.out += 1
         return engine
+
+    def _track(self, key: str) -> _Calls:
+        every = self._calls
+        if len(every) >= self._calls_prune_at:
+            for gone in [old for old, calls in every.items() if not calls.out]:
+                del every[gone]
+            self._calls_prune_at = max(_CALLS_KEPT, 2 * len(every))
+        calls = every[key] = _Calls()
+        return calls
 
     def _askable(self, candidates: Sequence[Engine]) -> Engine | None:
         """`choose`'s turn among the candidates neither backing off nor stalled."""
         now = self._clock()
         failing = self._failing
-        calls = self._calls
+        every = self._calls
         askable = [
             engine
             for engine in candidates
@@ -106,7 +124,11 @@ class TokenizeTurns:
                 (state := failing.get(engine.id)) is None
                 or (not state.trying and now >= state.until)
             )
-            and ((out := calls.get(engine.id)) is None or now - out.since <= STALLED_AFTER)
+            and (
+                (calls := every.get(engine.id)) is None
+                or not calls.out
+                or now - calls.since <= STALLED_AFTER
+            )
         ]
         if not askable:
             return None
@@ -125,19 +147,21 @@ class TokenizeTurns:
 
     def answered(self, engine: Engine) -> None:
         """Its `/tokenize` answered (or refused): it is asked in turn again."""
-        self._failing.pop(engine.id, None)
-        self._ended(engine, answered=True)
+        key = engine.spec.id
+        if self._failing:
+            self._failing.pop(key, None)
+        self._ended(key, answered=True)
 
     def abandoned(self, engine: Engine) -> None:
         """The call ended for the router's reasons (the client left): nothing is learnt."""
         state = self._failing.get(engine.id)
         if state is not None:
             state.trying = False
-        self._ended(engine)
+        self._ended(engine.id)
 
     def failed(self, engine: Engine) -> None:
         """Its `/tokenize` failed: leave it alone for its back-off."""
-        self._ended(engine)
+        self._ended(engine.id)
         now = self._clock()
         failing = self._failing
         state = failing.get(engine.id)
@@ -148,12 +172,9 @@ class TokenizeTurns:
         for engine_id in [key for key, old in failing.items() if old.until + BACKOFF_MAX < now]:
             del failing[engine_id]
 
-    def _ended(self, engine: Engine, *, answered: bool = False) -> None:
-        calls = self._calls.get(engine.id)
-        if calls is None:
-            return
-        calls.out -= 1
-        if not calls.out:
-            del self._calls[engine.id]
-        elif answered:
-            calls.since = self._clock()
+    def _ended(self, key: str, *, answered: bool = False) -> None:
+        calls = self._calls.get(key)
+        if calls is not None and calls.out:
+            calls.out -= 1
+            if answered and calls.out:
+                calls.since = self._clock()
