@@ -11,13 +11,12 @@
   reports, skipping those that failed lately or leave calls unanswered) on the
   proxy's keep-alive pools, within `timeout`, with the `Authorization` a
   forwarded request carries (the engine key, or the client's when the router
-  has no keys). Any failure gives
-  None: the request is routed by load, never failed for tokenizing. An answer
-  that takes over half of `timeout` is used, but counts as a failure for the
-  engine's turns: one answering just in time would tax its turns nearly as
-  much as one never answering. The request that asks an engine again after
-  its back-off waits `STALLED_AFTER` at most, then is routed by load: the
-  call goes on, to learn whether the engine is back.
+  has no keys). Any failure gives None: the request is routed by load, never
+  failed for tokenizing. An answer that takes over half of `timeout` is used,
+  but counts as a failure for the engine's turns: one answering just in time
+  would tax its turns nearly as much as one never answering. The request that
+  asks an engine again after its back-off waits `STALLED_AFTER` at most, then
+  is routed by load: the call goes on, to learn whether the engine is back.
 
 What an engine answers is bounded by what the request could tokenize to: a
 body of B bytes renders to at most B + `TEMPLATE_TOKENS` tokens (a token
