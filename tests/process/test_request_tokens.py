@@ -30,7 +30,8 @@ from headcount.auth import Credentials
 from headcount.fleet import Engine
 from headcount.routing.kv import KvRequest
 from headcount.routing.kv.prompts import EngineTokenize
-from headcount.routing.kv.tokenize_turns import TokenizeTurns
+from headcount.routing.kv.tokenize_turns import BACKOFF_FIRST, TokenizeTurns
+from headcount.sim.cluster.polling import wait_until
 from headcount.sim.engine import EngineSimConfig, running_engine
 from headcount.tokens import (
     ChatTokenizer,
@@ -39,7 +40,7 @@ from headcount.tokens import (
     load_tokenizer,
     prompt_ids,
 )
-from tests.support import EngineConnection, engine, raw_engine
+from tests.support import EngineConnection, FakeClock, engine, raw_engine
 from tests.support.kv_event_index import EventIndex
 
 BS = 4
@@ -250,6 +251,31 @@ async def test_an_answer_in_the_second_half_of_the_timeout_is_used_but_skips_tur
         asked = target(engine.url)
         assert await ask(asker, asked, CHAT) == [1, 2]
     assert turns.choose([asked]) is None
+
+
+async def test_the_request_trying_an_engine_after_its_back_off_waits_a_stall_not_the_timeout(
+    upstreams: Upstreams,
+) -> None:
+    clock = FakeClock()
+    turns = TokenizeTurns(clock)
+    asker = EngineTokenize(upstreams, Credentials(), turns, timeout=60.0, answer_max=4096)
+    answer = asyncio.Event()
+
+    async def held(conn: EngineConnection) -> None:
+        while await conn.read_request() is not None:
+            await answer.wait()
+            await conn.send(OK % 16 + b'{"tokens":[1,2]}')
+
+    async with raw_engine(held) as raw:
+        asked = target(raw.url)
+        turns.failed(asked)
+        clock.advance(BACKOFF_FIRST)
+        async with asyncio.timeout(10):  # far less than the 60 s tokenize timeout
+            assert await ask(asker, asked, CHAT) is None  # routed by load meanwhile
+        assert turns.choose([asked]) is None  # the call goes on: its answer is still awaited
+        answer.set()
+        # The late answer forgives the engine: it is asked, and answers, again.
+        assert await wait_until(lambda: ask(asker, asked, CHAT), timeout=10) == [1, 2]
 
 
 async def test_an_engine_that_is_not_there_is_none(upstreams: Upstreams) -> None:

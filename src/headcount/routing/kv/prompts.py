@@ -8,13 +8,15 @@
   request is routed by load.
 - Without one: an engine's own `POST /tokenize` (vLLM's chat or completion
   form), asked of one candidate (`TokenizeTurns`: in turn, not by the load it
-  reports, skipping those that failed lately) on the proxy's keep-alive pools,
-  within `timeout`, with the `Authorization` a forwarded request carries (the
-  engine key, or the client's when the router has no keys). Any failure gives
-  None: the request is routed by load, never failed for tokenizing. An answer
-  that takes over half of `timeout` is used, but counts as a failure for the
-  engine's turns: one answering just in time would tax its turns nearly as
-  much as one never answering.
+  reports, skipping those that failed lately or leave calls unanswered) on the
+  proxy's keep-alive pools, within `timeout`, with the `Authorization` a
+  forwarded request carries (the engine key, or the client's when the router
+  has no keys). Any failure gives None: the request is routed by load, never
+  failed for tokenizing. An answer that takes over half of `timeout` is used,
+  but counts as a failure for the engine's turns: one answering just in time
+  would tax its turns nearly as much as one never answering. The request that
+  asks an engine again after its back-off waits `STALLED_AFTER` at most, then
+  is routed by load: the call goes on, to learn whether the engine is back.
 
 What an engine answers is bounded by what the request could tokenize to: a
 body of B bytes renders to at most B + `TEMPLATE_TOKENS` tokens (a token
@@ -42,7 +44,7 @@ from headcount._http.pool import Upstreams
 from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount.auth import Credentials
 from headcount.fleet import Engine
-from headcount.routing.kv.tokenize_turns import TokenizeTurns
+from headcount.routing.kv.tokenize_turns import STALLED_AFTER, TokenizeTurns
 from headcount.tokens import ChatTokenizer, PromptKind, TokenizerError, prompt_ids
 from headcount.tokens.requests import completion_prompt
 
@@ -141,6 +143,8 @@ class EngineTokenize:
         self._turns = turns
         self._timeout = timeout
         self._answer_max = answer_max
+        self._trials: set[asyncio.Future[list[int] | None]] = set()
+        """Calls to engines tried again after their back-off, which outlive their requests."""
 
     async def ids(
         self,
@@ -161,7 +165,20 @@ class EngineTokenize:
         engine = turns.choose(candidates)
         if engine is None:
             return None
-        most = body_size + TEMPLATE_TOKENS
+        asking = self._ask(engine, asked, body_size + TEMPLATE_TOKENS, authorization)
+        if not turns.trying(engine):
+            return await asking
+        call = asyncio.ensure_future(asking)
+        self._trials.add(call)
+        call.add_done_callback(self._trials.discard)
+        done, _ = await asyncio.wait((call,), timeout=STALLED_AFTER)
+        return call.result() if done else None
+
+    async def _ask(
+        self, engine: Engine, asked: dict[str, Any], most: int, authorization: bytes | None
+    ) -> list[int] | None:
+        """`ids`' answer from `engine`, told to the turns."""
+        turns = self._turns
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
