@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
@@ -56,6 +57,8 @@ __all__ = [
     "local_ids",
     "tokenize_body",
 ]
+
+_log = logging.getLogger(__name__)
 
 TEMPLATE_TOKENS = 4096
 """Tokens a chat template may add to a body's own text: its markers and fixed text (tool
@@ -170,9 +173,15 @@ class EngineTokenize:
             return await asking
         call = asyncio.ensure_future(asking)
         self._trials.add(call)
-        call.add_done_callback(self._trials.discard)
+        call.add_done_callback(self._trial_ended)
         done, _ = await asyncio.wait((call,), timeout=STALLED_AFTER)
         return call.result() if done else None
+
+    def _trial_ended(self, call: asyncio.Future[list[int] | None]) -> None:
+        """A trial outlives its request: what it raised is told here, or no one would."""
+        self._trials.discard(call)
+        if not call.cancelled() and (error := call.exception()) is not None:
+            _log.error("a /tokenize trial call failed", exc_info=error)
 
     async def _ask(
         self, engine: Engine, asked: dict[str, Any], most: int, authorization: bytes | None
