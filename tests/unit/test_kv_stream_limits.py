@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from headcount.kvindex.budget import Budget
-from headcount.kvindex.log_limit import LogLimit
 from headcount.kvindex.redial import Redial
+from headcount.log_limit import LogLimit
 from tests.support import FakeClock
 
 

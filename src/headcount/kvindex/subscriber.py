@@ -66,9 +66,9 @@ from headcount.kvevents import (
     split_batch,
 )
 from headcount.kvindex.budget import Budget
-from headcount.kvindex.log_limit import LogLimit
 from headcount.kvindex.redial import Redial
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberTarget
+from headcount.log_limit import LogLimit
 
 __all__ = ["SLICE", "EventSubscriber", "SubscriberCounts"]
 

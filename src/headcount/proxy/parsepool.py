@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from headcount.log_limit import LogLimit
 from headcount.proxy import payload
 from headcount.proxy.fairqueue import FairQueue
 from headcount.proxy.payload import UNAVAILABLE, Outcome
@@ -186,8 +187,7 @@ class ParsePool:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._names: dict[KeySource, str | None] = {}
         self._closed = False
-        self._logged_at = -_LOG_EVERY
-        self._unlogged = 0
+        self._logs = LogLimit(_log, _LOG_EVERY, time.monotonic)
 
     @property
     def waiting(self) -> int:
@@ -319,6 +319,11 @@ class ParsePool:
         else:
             self._idle.append(worker)
 
+    def _warn(self, message: str, detail: object) -> None:
+        """At most one warning a minute, whichever: a hostile client can kill workers in a
+        loop."""
+        self._logs.log("pool", logging.WARNING, message, detail)
+
     def _wake(self, worker: Worker | None, large: bool) -> bool:
         """Hand `worker` (None: a failed start) to the waiting request whose turn it is, of
         the kind `large` says first: a large one only while fewer than `workers - 1` (at
@@ -356,13 +361,3 @@ class ParsePool:
                 )
             self._names[key_source] = name
         return self._names[key_source]
-
-    def _warn(self, message: str, detail: object) -> None:
-        """At most one warning a minute: a hostile client can kill workers in a loop."""
-        now = time.monotonic()
-        if now - self._logged_at < _LOG_EVERY:
-            self._unlogged += 1
-            return
-        suffix = f" ({self._unlogged} more since the last)" if self._unlogged else ""
-        self._logged_at, self._unlogged = now, 0
-        _log.warning(message + suffix, detail)

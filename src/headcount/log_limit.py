@@ -1,8 +1,9 @@
-"""Log lines an engine can provoke at will, kept to one per kind and interval, the rest counted.
+"""Log lines others can provoke at will, kept to one per kind and interval, the rest counted.
 
 An engine decides how often its stream gaps, restarts, reconnects or sends
-garbage; each of those deserves a line, but not one per frame: a publisher
-alternating two sequence numbers would otherwise write megabytes a second.
+garbage, a client how often its bodies are refused or kill a parse worker;
+each of those deserves a line, but not one per event: a publisher alternating
+two sequence numbers would otherwise write megabytes a second.
 `LogLimit` writes the first line of each kind, then at most one per
 `every` seconds, saying how many like it were left out since the last.
 """
@@ -17,7 +18,7 @@ __all__ = ["LogLimit"]
 
 
 class LogLimit:
-    """One logger's lines about one engine, limited per kind (a short name of the line)."""
+    """One logger's lines about one source, limited per kind (a short name of the line)."""
 
     __slots__ = ("_clock", "_every", "_left_out", "_logged_at", "_logger", "left_out")
 
