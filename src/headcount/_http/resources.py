@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from headcount._http.errors import local_resource
+from headcount.log_limit import LogLimit
 
 __all__ = ["LocalResources", "raise_open_file_limit", "release_large_allocations"]
 
@@ -93,23 +94,11 @@ class LocalResources:
         self._count = count
         self._clock = clock
         self._last: dict[str, float] = {}
-        self._logged: dict[str, float] = {}
-        self._unlogged: dict[str, int] = {}
+        self._logs = LogLimit(_log, _WINDOW, clock)
 
     def exhausted(self, name: str, detail: str) -> None:
         """One event of resource `name` running out on the client side; `detail` says what."""
-        now = self._clock()
-        logged = self._logged.get(name)
-        if logged is not None and now - logged < _WINDOW:
-            self._unlogged[name] = self._unlogged.get(name, 0) + 1
-        else:
-            self._logged[name] = now
-            _log.warning(
-                "local resource exhausted (%s): %s; %d more since the last report",
-                name,
-                detail,
-                self._unlogged.pop(name, 0),
-            )
+        self._logs.log(name, logging.WARNING, "local resource exhausted (%s): %s", name, detail)
         if self._count is not None:
             self._count(name)
         else:
