@@ -30,6 +30,7 @@ __all__ = [
     "DiscoveryMode",
     "DiscoverySettings",
     "DnsSettings",
+    "FlowSettings",
     "HealthSettings",
     "KvEventsSettings",
     "LogFormat",
@@ -41,6 +42,7 @@ __all__ = [
     "Settings",
     "SupervisionSettings",
     "backend_base_url",
+    "redis_address",
 ]
 
 
@@ -355,6 +357,9 @@ class AuthSettings:
     engine_api_key_file: Path | None = None
     """Off by default; for engines started with vLLM's `--api-key`: sent to engines as
     `Authorization: Bearer` on every probe and forwarded request, replacing the client's."""
+    tenants_file: Path | None = None
+    """Off by default. Set, a TOML file of tenants (keys, priority, weight, limits): its keys
+    authenticate like `--api-keys-file`'s, and flow control is on (`FlowSettings`)."""
     key_file_check_interval: float = 5.0
     """How often the key files' identity (inode, size, mtime) is checked; SIGHUP reloads
     at once. A stat every few seconds costs nothing and rotation needs no signal."""
@@ -363,10 +368,59 @@ class AuthSettings:
         for flag, path in (
             ("--api-keys-file", self.api_keys_file),
             ("--engine-api-key-file", self.engine_api_key_file),
+            ("--tenants-file", self.tenants_file),
         ):
             if path is not None and not path.is_file():
                 raise ConfigError(f"{flag} {path}: no such file")
         _require_positive(("key_file_check_interval", self.key_file_check_interval))
+
+
+@dataclass(frozen=True)
+class FlowSettings:
+    """Flow control, on with `--tenants-file`: the router's queue and the limits' store."""
+
+    max_queued: int = 1000
+    """Requests waiting in the router for an engine with room; one more is refused (429)."""
+    queue_timeout: float = 30.0
+    """Longest wait in the router's queue before a 503 with `Retry-After`; under the 60 s
+    idle timeout of common load balancers, which would cut a longer wait silently."""
+    limits_store: str | None = None
+    """None: the counters live in this process (exact for one replica). `redis://HOST:PORT`
+    (optionally `/DB`): one set of counters shared by every replica."""
+    limits_store_timeout: float = 0.1
+    """Longest wait for Redis at admission; past it the request is admitted (fail-open)."""
+
+    def __post_init__(self) -> None:
+        if self.max_queued < 0:
+            raise ConfigError("--max-queued must be 0 (no queue: refuse at once) or more")
+        _require_positive(
+            ("--queue-timeout", self.queue_timeout),
+            ("--limits-store-timeout", self.limits_store_timeout),
+        )
+        if self.limits_store is not None:
+            redis_address(self.limits_store)
+
+
+def redis_address(url: str) -> tuple[str, int, int]:
+    """`redis://HOST[:PORT][/DB]` as (host, port, db); `ConfigError` names what is wrong."""
+    parts = urlsplit(url)
+    problem = None
+    if parts.scheme != "redis":
+        problem = "expected redis://HOST:PORT"
+    elif not parts.hostname:
+        problem = "no host"
+    elif parts.username or parts.password:
+        problem = "no password in the URL (Redis AUTH is not supported)"
+    db = parts.path.strip("/") or "0"
+    if problem is None and not db.isdigit():
+        problem = f"the database must be a number, not {db!r}"
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        port, problem = 0, "the port must be a number within 1-65535"
+    if problem is not None:
+        raise ConfigError(f"--limits-store {url}: {problem}")
+    return parts.hostname or "", port, int(db)
 
 
 BUILTIN_TOKENIZER = "builtin"
@@ -464,6 +518,7 @@ class Settings:
     dns: DnsSettings = field(default_factory=DnsSettings)
     supervision: SupervisionSettings = field(default_factory=SupervisionSettings)
     kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
+    flow: FlowSettings = field(default_factory=FlowSettings)
 
     def __post_init__(self) -> None:
         """The checks that span parts: a lookup ends before the probe that waits on it, a

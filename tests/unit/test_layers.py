@@ -24,7 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"config"}),
     frozenset({"flags", "_http", "kvevents", "tokens", "auth", "supervise"}),
     frozenset({"fleet", "sim"}),
-    frozenset({"kvindex", "discovery", "probe"}),
+    frozenset({"kvindex", "discovery", "probe", "flow"}),
     frozenset({"routing", "surfaces"}),
     frozenset({"proxy"}),
     frozenset({"app"}),
