@@ -30,55 +30,19 @@ prober raised frees no slot).
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Awaitable, Callable, Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
-from headcount.auth.tenants import Tenant
 from headcount.config import FlowSettings
 from headcount.fleet import Engine, Fleet, FleetChange
-from headcount.flow.limits import Charge, LimitsStore, Quota, Verdict
+from headcount.flow.limits import Charge, LimitsStore, Verdict, ratelimit_headers
 from headcount.flow.queue import FairQueue, QueueEntry
+from headcount.flow.ticket import Ask, Choose, Grant, Refusal, Ticket
 
-__all__ = [
-    "Ask",
-    "FlowControl",
-    "FlowMetrics",
-    "Grant",
-    "Refusal",
-    "Ticket",
-    "ratelimit_headers",
-]
+__all__ = ["FlowControl", "FlowMetrics"]
 
 _TICK = 0.25
 """Seconds between dispatch attempts while requests wait and no slot is given back."""
-
-Choose = Callable[[Sequence[Engine]], Engine | None]
-"""The routing policy's pick among engines with room (None: it picks none)."""
-
-
-class Ask(NamedTuple):
-    """What flow control needs of one request."""
-
-    tenant: Tenant
-    priority: int
-    flow: str
-    """`x-gateway-inference-fairness-id`, "" without one."""
-    model: str
-    tokens: int
-    """Reserved: prompt tokens plus the most the request may generate."""
-
-
-class Refusal(NamedTuple):
-    """Why a request is refused and when the client may try again."""
-
-    outcome: str
-    """The metric's outcome: `concurrency_limited`, `shed`, `queue_full`, `rate_limited`,
-    `queue_timeout`, or `no_engine` (the policy picked none)."""
-    message: str
-    retry_after: float
-    headers: bytes
-    """`x-ratelimit-*` lines for a tenant with limits (b"" otherwise)."""
 
 
 class FlowMetrics(Protocol):
@@ -89,50 +53,6 @@ class FlowMetrics(Protocol):
     def tenant_queued(self, tenant: str, seconds: float) -> None: ...
 
     def tenant_tokens(self, tenant: str, prompt: int, completion: int) -> None: ...
-
-
-class Ticket:
-    """A granted request's hold on flow control, given back once by `done`."""
-
-    __slots__ = ("_control", "engine_id", "headers", "reserved", "tenant", "window")
-
-    def __init__(
-        self, control: FlowControl, ask: Ask, engine_id: str, verdict: Verdict | None
-    ) -> None:
-        self._control: FlowControl | None = control
-        self.tenant = ask.tenant
-        self.engine_id = engine_id
-        counted = verdict is not None and verdict.tokens is not None
-        self.reserved = ask.tokens if counted else 0
-        """Tokens the store counted for this request, settled at its end (0: none)."""
-        self.window = 0 if verdict is None else verdict.window
-        self.headers = b"" if verdict is None else ratelimit_headers(verdict)
-        """`x-ratelimit-*` lines the answer carries."""
-
-    def moved(self, engine_id: str) -> None:
-        """The request failed over to `engine_id`: its slot moves there."""
-        control = self._control
-        if control is not None and engine_id != self.engine_id:
-            control._busy_add(self.engine_id, -1)
-            control._busy_add(engine_id, 1)
-            self.engine_id = engine_id
-
-    def done(self, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> None:
-        """The request ended: its slot and concurrency go back, its tokens are counted and
-        its reservation settled on what the engine reported (kept whole when it said
-        nothing). Called again, nothing happens."""
-        control = self._control
-        if control is None:
-            return
-        self._control = None
-        control._ended(self, prompt_tokens, completion_tokens)
-
-
-class Grant(NamedTuple):
-    """The engine a request goes to, and its ticket."""
-
-    engine: Engine
-    ticket: Ticket
 
 
 class _Waiting:
@@ -438,6 +358,10 @@ class FlowControl:
 
     # -- tickets ------------------------------------------------------------------------------
 
+    def moved(self, old: str, new: str) -> None:
+        self._busy_add(old, -1)
+        self._busy_add(new, 1)
+
     def _busy_add(self, engine_id: str, delta: int) -> None:
         busy = self._busy.get(engine_id, 0) + delta
         if busy > 0:
@@ -454,7 +378,7 @@ class FlowControl:
         else:
             self._active.pop(tenant, None)
 
-    def _ended(self, ticket: Ticket, prompt: int | None, completion: int | None) -> None:
+    def ended(self, ticket: Ticket, prompt: int | None, completion: int | None) -> None:
         name = ticket.tenant.name
         self._busy_add(ticket.engine_id, -1)
         self._active_add(name, -1)
@@ -464,30 +388,3 @@ class FlowControl:
         self._metrics.tenant_tokens(name, prompt or 0, completion or 0)
         if ticket.reserved > 0:
             self.store.settle(name, ticket.window, used - ticket.reserved)
-
-
-def ratelimit_headers(verdict: Verdict) -> bytes:
-    """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` lines for `verdict`."""
-    lines = b""
-    for kind, quota in ((b"requests", verdict.requests), (b"tokens", verdict.tokens)):
-        if quota is not None:
-            lines += _quota_lines(kind, quota)
-    return lines
-
-
-def _quota_lines(kind: bytes, quota: Quota) -> bytes:
-    return b"x-ratelimit-limit-%s: %d\r\nx-ratelimit-remaining-%s: %d\r\n" % (
-        kind,
-        quota.limit,
-        kind,
-        quota.remaining,
-    ) + b"x-ratelimit-reset-%s: %s\r\n" % (kind, _duration(quota.reset).encode())
-
-
-def _duration(seconds: float) -> str:
-    """A duration as OpenAI writes its resets: `20ms`, `1.5s`, `6m0s`."""
-    if seconds < 1:
-        return f"{max(0, math.ceil(seconds * 1000))}ms"
-    minutes, rest = divmod(seconds, 60)
-    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
-    return f"{int(minutes)}m{text}" if minutes else text
