@@ -271,22 +271,40 @@ class FlowControl:
         future.add_done_callback(lambda _: self._left(waiting))
         if self._tick is None:
             self._tick = loop.call_later(_TICK, self._on_tick)
-        return future
+        return self._wait(future)
+
+    @staticmethod
+    async def _wait(future: asyncio.Future[Grant | Refusal]) -> Grant | Refusal:
+        """The queued request's answer. Its client may leave while waiting (the future is
+        cancelled: it leaves the queue), or just after its grant, before it could use it:
+        the grant is given back then."""
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                granted = future.result()
+                if isinstance(granted, Grant):
+                    granted.ticket.done(0, 0)
+            raise
 
     def _unqueue(self, waiting: _Waiting) -> bool:
         """Take `waiting` out of its queue; False if it was out already."""
         entry = waiting.entry
         if entry is None:
             return False
-        waiting.entry = None
         self._queues[waiting.ask.model].remove(entry)
+        self._taken(waiting)
+        return True
+
+    def _taken(self, waiting: _Waiting) -> None:
+        """`waiting` is out of its queue (removed or popped): counts and timer follow."""
+        waiting.entry = None
         self._queued -= 1
         self._active_add(waiting.ask.tenant.name, -1)
         timer = waiting.timer
         if timer is not None:
             waiting.timer = None
             timer.cancel()
-        return True
 
     def _expire(self, waiting: _Waiting) -> None:
         waiting.timer = None
@@ -307,8 +325,11 @@ class FlowControl:
     def _left(self, waiting: _Waiting) -> None:
         """The future is done: if cancelled (the client left), the request leaves the queue."""
         if waiting.future.cancelled() and self._unqueue(waiting):
-            self._give_back(waiting.ask, waiting.verdict)
-            self._metrics.tenant_request(waiting.ask.tenant.name, "client_left")
+            self._client_left(waiting)
+
+    def _client_left(self, waiting: _Waiting) -> None:
+        self._give_back(waiting.ask, waiting.verdict)
+        self._metrics.tenant_request(waiting.ask.tenant.name, "client_left")
 
     def _soon(self) -> None:
         if self._queued and self._dispatch_soon is None:
@@ -336,12 +357,10 @@ class FlowControl:
             while room and len(queue):
                 waiting = queue.pop()
                 assert waiting is not None
-                waiting.entry = None
-                self._queued -= 1
-                self._active_add(waiting.ask.tenant.name, -1)
-                if waiting.timer is not None:
-                    waiting.timer.cancel()
-                    waiting.timer = None
+                self._taken(waiting)
+                if waiting.future.cancelled():  # its client left; `_left` has not run yet
+                    self._client_left(waiting)
+                    continue
                 engine = waiting.choose(room)
                 if engine is None:
                     self._give_back(waiting.ask, waiting.verdict)
