@@ -18,6 +18,7 @@ rest from their module:
 - `admission`: admission driven by hand: a fleet probed into its states, requests.
 - `apiserver`: the API server emulator seen from a client: a bare pod, a refusal.
 - `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).
+- `redis`: a real redis-server on loopback, stopped and started at will (`redis_server`).
 """
 
 from __future__ import annotations
