@@ -194,15 +194,17 @@ async def test_admission_waits_for_blocks_and_reset_for_none_held(
         engine.set_kv_sink(recorder)
         url = f"{engine.url}/v1/completions"
         holder = asyncio.create_task(
-            post(session, url, {"prompt": list(range(8)), "max_tokens": 10})
+            post(session, url, {"prompt": list(range(16)), "max_tokens": 4})
         )
         await wait_until(lambda: _view_with(session, engine, running=1))
-        waiter = asyncio.create_task(post(session, url, {"prompt": [50, 51, 52, 53]}))
+        waiter = asyncio.create_task(
+            post(session, url, {"prompt": list(range(50, 58)), "max_tokens": 4})
+        )
         view = await wait_until(lambda: _view_with(session, engine, running=1, waiting=1))
-        assert (view["usage"], view["reserved_blocks"]) == (2 / 5, 3)  # 8 + 10 - 1 tokens
-        assert view["waiting"] == [{"prompt_tokens": 4, "cached_tokens": 0}]
+        assert view["usage"] == 4 / 5  # the prompt's blocks: its answer's come as it needs them
+        assert view["waiting"] == [{"prompt_tokens": 8, "cached_tokens": 0}]  # two, one is free
         samples = await metrics(session, engine.url)
-        assert samples["vllm:kv_cache_usage_perc"].value == 2 / 5
+        assert samples["vllm:kv_cache_usage_perc"].value == 4 / 5
         assert samples["vllm:num_requests_waiting"].value == 1.0
         status, answer = await post(session, f"{engine.url}/sim/reset_prefix_cache", {})
         assert (status, answer) == (409, {"reset": False})

@@ -92,7 +92,7 @@ class OpenAiApi:
         done = 0
         for tokens in run.checkpoints():
             await self._pace(tokens - done)
-            run.generated(tokens)
+            await run.generated(tokens)
             done = tokens
         response = web.Response(content_type=JSON)
         if self._state.failures.mode == "die-mid-stream":
@@ -122,7 +122,7 @@ class OpenAiApi:
                 await response.write(ending)
             else:
                 # Tokens that take no time are all ready at once, so they leave in one write.
-                run.generated(generation.max_tokens)
+                await run.generated(generation.max_tokens)
                 self._state.generation_tokens += generation.max_tokens
                 await response.write(frames.all_chunks(generation.max_tokens) + ending)
         except ConnectionError:
@@ -141,7 +141,7 @@ class OpenAiApi:
             await self._pace(1)
             if failures.dying(index):
                 return False
-            run.generated(index + 1)
+            await run.generated(index + 1)
             await response.write(frames.chunk(index, index == tokens - 1))
         return not failures.dying(tokens)
 
