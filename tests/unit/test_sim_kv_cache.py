@@ -246,3 +246,53 @@ async def test_a_request_cancelled_as_it_is_admitted_gives_back_what_it_took() -
     waiting.cancel()  # admitted when `first` left, cancelled before it ran
     await asyncio.gather(waiting, return_exceptions=True)
     assert (scheduler.running, second.released) == ({}, 1)
+
+
+async def test_preemption_takes_the_request_scheduled_last_to_the_head_of_the_queue() -> None:
+    scheduler: Scheduler[Ticket] = Scheduler(max_running=3)
+    first, second, third, late = Ticket(), Ticket(), Ticket(), Ticket()
+    resumed: list[bool] = []
+
+    async def hold(ticket: Ticket) -> None:
+        async with scheduler.slot(ticket):
+            resumed.append(await scheduler.resumed(ticket))
+            await asyncio.Event().wait()
+
+    tasks = [asyncio.create_task(hold(ticket)) for ticket in (first, second, third)]
+    await wait_until(lambda: len(resumed) == 3)
+    assert scheduler.preempt_newest() is third and third.released == 1
+    tasks.append(asyncio.create_task(hold(late)))
+    await wait_until(lambda: len(scheduler.waiting) == 2)
+    assert (list(scheduler.running), scheduler.waiting) == ([first, second], [third, late])
+    assert scheduler.preemptions == 1
+    tasks[1].cancel()  # the queue wakes: the preempted one, first in line, first
+    await wait_until(lambda: scheduler.waiting == [])
+    assert list(scheduler.running) == [first, third, late]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert (scheduler.running, scheduler.waiting) == ({}, [])
+
+
+async def test_a_preempted_request_whose_client_leaves_leaves_the_queue() -> None:
+    scheduler: Scheduler[Ticket] = Scheduler(max_running=1)
+    first, second = Ticket(), Ticket()
+    started = asyncio.Event()
+
+    async def hold(ticket: Ticket) -> None:
+        async with scheduler.slot(ticket):
+            started.set()
+            await scheduler.resumed(ticket)
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(hold(first))
+    await started.wait()
+    assert scheduler.preempt_newest() is first
+    waiter = asyncio.create_task(hold(second))
+    await wait_until(lambda: scheduler.waiting == [first, second])
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await wait_until(lambda: list(scheduler.running) == [second])  # its turn passed on
+    assert scheduler.waiting == [] and first.released == 2
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
