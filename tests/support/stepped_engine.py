@@ -5,7 +5,10 @@ once everything has settled: every request holding a slot sleeps (waiting
 for its next token or its prefill) and the clients have read every token
 generated. So each stream's first token is stamped with the virtual time at
 which the engine wrote it, and each step's `/metrics` is the state between
-two instants of the engine's timing model.
+two instants of the engine's timing model. A request preempted by another
+while it sleeps through its token would never let the engine settle (it
+sleeps without holding a slot): a scenario for this harness preempts the
+request that asks for the block, as the tests' do.
 """
 
 from __future__ import annotations
