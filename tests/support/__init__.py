@@ -9,6 +9,7 @@ rest from their module:
 - `clock`: `FakeClock`, time that moves only when the test moves it.
 - `builders`: `spec`, `engine` and `ready_fleet`, one builder of each.
 - `raw_engine`: engines that say exact bytes, and a port that never accepts.
+- `stepped_engine`: a simulated engine on stepped virtual time, streams stamped in it.
 - `metric_families`: the metric families the README promises, with their labels.
 - `kv_event_index`, `kv_fixtures`, `kv_view_double`: a simulated engine's KV
   events recorded and indexed, vLLM's own recorded events, an index view double.
