@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 from headcount.config import RoutingName
 from headcount.sim.engine import EngineSimConfig, running_engine
 from tests.support import EngineConnection, raw_engine, wait_until
+from tests.support.key_files import replace_file
 from tests.support.router import CHAT, CLIENT_KEY, HOST, MODEL, TIMEOUT, Running, router_before
 
 __all__: list[str] = []
@@ -39,12 +39,6 @@ async def routable(running: Running, count: int = 1) -> None:
         return len(running.router.fleet.snapshot.routable) == count
 
     await wait_until(ready, what=f"{count} engine(s) routable")
-
-
-def replace_file(path: Path, text: str) -> None:
-    fresh = path.with_suffix(".new")
-    fresh.write_text(text)
-    os.replace(fresh, path)
 
 
 def assert_unauthorized(status: int, text: str, headers: dict[str, str]) -> None:
