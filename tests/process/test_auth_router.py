@@ -199,6 +199,34 @@ async def test_client_keys_reload_when_the_file_changes(
         assert secret not in caplog.text
 
 
+async def test_a_tenants_files_keys_are_served_like_the_key_files_and_reload_with_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    tenants = f'[[tenant]]\nname = "chat"\nkeys = ["{OTHER_CLIENT_KEY}"]\npriority = 5\n'
+    async with (
+        running_engine(EngineSimConfig(model=MODEL)) as engine,
+        router_before([engine.url], tmp_path, client_keys=None, tenants=tenants) as running,
+    ):
+        await routable(running)
+        assert running.tenants_file is not None
+        assert await running.chat(OTHER_CLIENT_KEY) == 200
+        assert await running.chat(CLIENT_KEY) == 401 and await running.chat(None) == 401
+        replace_file(running.tenants_file, tenants.replace('"]', f'", "{CLIENT_KEY}"]'))
+
+        async def added() -> bool:
+            return await running.chat(CLIENT_KEY) == 200
+
+        await wait_until(added, what="the tenants file's new key admitted")
+        replace_file(running.tenants_file, "[default]\npriority = 1\n")
+        await wait_until(
+            lambda: "would be open to anyone" in caplog.text, what="the keyless file refused"
+        )
+        assert await running.chat(CLIENT_KEY) == 200 and await running.chat(None) == 401
+    for secret in SECRETS:
+        assert secret not in caplog.text
+
+
 # -- the engine key --------------------------------------------------------------------------
 
 

@@ -234,6 +234,10 @@ def test_an_objective_may_lower_a_priority_never_raise_it(
     assert effective_priority(Tenant("t", priority), objective, OBJECTIVES) == expected
 
 
+def test_without_a_tenants_file_no_objective_changes_a_priority() -> None:
+    assert effective_priority(Tenant("default", 3), b"batch", None) == 3
+
+
 @given(
     priority=st.integers(-1000, 1000),
     asked=st.dictionaries(st.sampled_from(["a", "b", "c"]), st.integers(-1000, 1000)),

@@ -93,11 +93,12 @@ class Tenants:
         return frozenset({self.default.name, *(t.name for t in self.by_digest.values())})
 
 
-def effective_priority(tenant: Tenant, objective: bytes | None, tenants: Tenants) -> int:
+def effective_priority(tenant: Tenant, objective: bytes | None, tenants: Tenants | None) -> int:
     """The priority a request is served at: its objective's (the value of
     `x-gateway-inference-objective`) when the file names it and it is lower than its
-    tenant's, else its tenant's. An objective the file does not name changes nothing."""
-    if objective is None:
+    tenant's, else its tenant's. An objective the file does not name changes nothing, nor
+    does any without a tenants file (`tenants` None)."""
+    if objective is None or tenants is None:
         return tenant.priority
     asked = tenants.objectives.get(objective.decode("latin-1"))
     return tenant.priority if asked is None or asked >= tenant.priority else asked
