@@ -204,15 +204,15 @@ def _tenants(tables: object, lines: _Lines) -> list[tuple[str, Tenant, list[byte
 def _digests(keys: object, where: str) -> list[bytes]:
     if not isinstance(keys, list):
         raise KeyFileError(f"{where}: keys must be a list of strings")
-    digests: list[bytes] = []
+    numbers: dict[bytes, int] = {}
     for number, key in enumerate(keys, 1):
         if not isinstance(key, str):
             raise KeyFileError(f"{where}: key {number} must be a string")
         digest = key_digest(key, f"{where}: key {number}")
-        if digest in digests:
-            raise KeyFileError(f"{where}: key {number} repeats key {digests.index(digest) + 1}")
-        digests.append(digest)
-    return digests
+        if digest in numbers:
+            raise KeyFileError(f"{where}: key {number} repeats key {numbers[digest]}")
+        numbers[digest] = number
+    return list(numbers)
 
 
 def _objectives(tables: object, lines: _Lines) -> dict[str, int]:
