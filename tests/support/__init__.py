@@ -16,6 +16,7 @@ rest from their module:
 - `paths`: where the repository is.
 - `routed`, `kv_routed`: the proxy on loopback before simulated engines; routing kv-aware.
 - `router`: a whole `Router` in this process, with key files.
+- `key_files`: a key file rewritten as an operator should, a key in a request's head.
 - `admission`: admission driven by hand: a fleet probed into its states, requests.
 - `apiserver`: the API server emulator seen from a client: a bare pod, a refusal.
 - `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).
