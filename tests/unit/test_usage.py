@@ -341,23 +341,42 @@ def test_a_continuous_usage_stream_keeps_its_chunks_drops_the_usage_event_final_
         assert (tap.prompt_tokens, tap.completion_tokens) == (PROMPT, COMPLETION)
 
 
-def test_dropping_parses_only_events_that_hold_a_usage_object(
-    monkeypatch: pytest.MonkeyPatch,
+class CountingDecoder(json.JSONDecoder):
+    """A decoder that counts what it is asked to parse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parsed: list[str] = []
+
+    def raw_decode(self, s: str, idx: int = 0) -> tuple[Any, int]:
+        self.parsed.append(s)
+        return super().raw_decode(s, idx)
+
+
+@pytest.mark.parametrize("drop", [True, False], ids=["dropping", "forwarding"])
+def test_only_the_usage_object_is_parsed_once_a_stream(
+    drop: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    parsed: list[bytes] = []
-    loads = json.loads
-
-    def counting(text: bytes) -> object:
-        parsed.append(text)
-        return loads(text)
-
-    monkeypatch.setattr(usage_module.json, "loads", counting)
+    decoder = CountingDecoder()
+    monkeypatch.setattr(usage_module, "_DECODER", decoder)
     events, _ = vllm_chat_stream(content=ANSWER_ABOUT_USAGE)
-    tap = UsageTap(event_stream=True, drop_usage=True)
+    tap = UsageTap(event_stream=True, drop_usage=drop)
     for event in events:
         tap.feed(event)
     tap.end()
-    assert len(parsed) == 1 and tap.completion_tokens == COMPLETION
+    assert tap.completion_tokens == COMPLETION
+    assert len(decoder.parsed) == 1 and len(decoder.parsed[0]) <= usage_module._USAGE_SPAN
+
+
+def test_forwarding_keeps_a_bounded_tail_of_a_long_answer() -> None:
+    body = _chat_completion("x" * 1_000_000, {"prompt_logprobs": None})
+    tap = UsageTap(event_stream=False)
+    most = 0
+    for at in range(0, len(body), 1000):
+        tap.feed(body[at : at + 1000])
+        most = max(most, sum(map(len, tap._window)))
+    assert most <= 2 * usage_module._WINDOW + 1000
+    assert tap.end() == b"" and (tap.prompt_tokens, tap.completion_tokens) == (PROMPT, COMPLETION)
 
 
 def test_an_endless_event_is_held_back_no_further_than_the_bound() -> None:

@@ -25,7 +25,6 @@ malformed body: the numbers stay None.
 from __future__ import annotations
 
 import json
-from collections import deque
 from typing import Any
 
 __all__ = ["UsageTap", "ask_usage", "client_asks_usage"]
@@ -36,8 +35,8 @@ _OPEN = len(_USAGE) - 1
 _WINDOW = 16384
 """Bytes kept from the end of a forwarded answer: vLLM writes `usage` last or nearly
 (in a whole answer only `prompt_logprobs` and `kv_transfer_params` may follow it)."""
-_USAGE_SPAN = 4096
-"""Bytes read after a `"usage":` key: its object is a few dozen, details included."""
+_USAGE_SPAN = 1024
+"""Bytes read after a `"usage":` key: its object is under 200, details included."""
 _ATTEMPTS = 4
 """`"usage":{` keys tried from the end, should the last be cut or not usage."""
 _MAX_HELD = 65536
@@ -93,7 +92,7 @@ class UsageTap:
         self.completion_tokens: int | None = None
         self._drop = event_stream and drop_usage
         self._held = b""
-        self._window: deque[bytes] = deque()
+        self._window: list[bytes] = []
         self._kept = 0
 
     @classmethod
@@ -107,12 +106,22 @@ class UsageTap:
     def feed(self, piece: bytes) -> bytes:
         if self._drop:
             return self._through_events(piece)
-        window = self._window
-        window.append(piece)
+        self._window.append(piece)
         self._kept += len(piece)
-        while self._kept - len(window[0]) >= _WINDOW:
-            self._kept -= len(window.popleft())
+        if self._kept > 2 * _WINDOW:
+            self._trim()
         return piece
+
+    def _trim(self) -> None:
+        """Forget the oldest pieces, keeping at least `_WINDOW` bytes: once per `_WINDOW` fed."""
+        window = self._window
+        kept = self._kept
+        first = 0
+        while kept - len(window[first]) >= _WINDOW:
+            kept -= len(window[first])
+            first += 1
+        del window[:first]
+        self._kept = kept
 
     def end(self) -> bytes:
         """What is left to forward; the numbers are read by now."""
@@ -128,21 +137,15 @@ class UsageTap:
         return held
 
     def _through_events(self, piece: bytes) -> bytes:
-        data = self._held + piece if self._held else piece
-        if data.endswith(b"\n\n"):
-            cut = len(data)
-        else:
-            cut = _after_boundary(data, 0, len(data))
-            if len(data) - cut > _MAX_HELD:
-                cut = len(data)
-        if cut < len(data):
-            self._held = data[cut:]
-            data = data[:cut]
-        else:
+        if self._held:
+            piece = self._held + piece
             self._held = b""
-        if _USAGE not in data:
-            return data
-        return self._strip(data)
+        if not piece.endswith(b"\n\n"):
+            cut = _after_boundary(piece, 0, len(piece))
+            if len(piece) - cut <= _MAX_HELD:
+                self._held = piece[cut:]
+                piece = piece[:cut]
+        return self._strip(piece) if _USAGE in piece else piece
 
     def _strip(self, data: bytes) -> bytes:
         """`data` (whole events) without the usage event, reading numbers on the way."""
@@ -162,27 +165,16 @@ class UsageTap:
         return b"".join(kept)
 
     def _read_event(self, event: bytes) -> bool:
-        """Read the numbers of one event's `usage`; True when it is the usage event."""
-        lines = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
-        try:
-            chunk = json.loads(b"\n".join(line[1:] if line[:1] == b" " else line for line in lines))
-        except ValueError:
-            return False
-        if not isinstance(chunk, dict):
-            return False
-        usage = chunk.get("usage")
-        if not isinstance(usage, dict):
-            return False
-        self._take(usage)
-        return chunk.get("choices") == []
+        """Read one event's numbers; True when it is the usage event (no other has no choices)."""
+        return self._read_tail(event) and _EMPTY_CHOICES in event
 
-    def _read_tail(self, tail: bytes) -> None:
-        """The numbers of the last `usage` object in `tail` that is one."""
+    def _read_tail(self, tail: bytes) -> bool:
+        """Read the numbers of the last `usage` object in `tail` that has them; False if none."""
         end = len(tail)
         for _ in range(_ATTEMPTS):
             found = tail.rfind(_USAGE, 0, end)
             if found < 0:
-                return
+                return False
             start = found + _OPEN
             text = tail[start : start + _USAGE_SPAN].decode("utf-8", "replace")
             try:
@@ -190,8 +182,9 @@ class UsageTap:
             except ValueError:
                 usage = None
             if isinstance(usage, dict) and self._take(usage):
-                return
+                return True
             end = found
+        return False
 
     def _take(self, usage: dict[str, Any]) -> bool:
         """Keep the numbers of one `usage` object; False when it has none."""
