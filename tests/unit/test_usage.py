@@ -409,6 +409,14 @@ def test_a_cut_stream_that_asked_has_the_last_whole_numbers_it_carried() -> None
     assert (tap.prompt_tokens, tap.completion_tokens) == (PROMPT, 4)
 
 
+def _prompt_logprobs(tokens: int) -> list[object]:
+    """vLLM's `prompt_logprobs`: one object per prompt token, keyed by token id."""
+    return [
+        {str(token): {"logprob": -1.5, "rank": 1, "decoded_token": "usage"}}
+        for token in range(tokens)
+    ]
+
+
 def _chat_completion(content: str, tail: dict[str, object]) -> bytes:
     """vLLM's non-streamed chat answer: starlette's JSONResponse, compact, usage near the end."""
     return _json(
@@ -448,6 +456,7 @@ def _chat_completion(content: str, tail: dict[str, object]) -> bytes:
         _chat_completion(
             "ok", {"prompt_logprobs": [None, {"usage": {"logprob": -1.0, "rank": 1}}]}
         ),
+        _chat_completion("ok", {"prompt_logprobs": [None, *_prompt_logprobs(3000)]}),
         _json(
             completion_body(
                 Generation("completion", "m", False, COMPLETION, False, list(range(PROMPT))),
@@ -457,7 +466,7 @@ def _chat_completion(content: str, tail: dict[str, object]) -> bytes:
             )
         ).encode(),
     ],
-    ids=["chat", "prompt-logprobs-after", "sim-text-completion"],
+    ids=["chat", "prompt-logprobs-after", "long-prompt-logprobs-after", "sim-text-completion"],
 )
 def test_a_whole_answer_goes_through_unchanged_and_its_usage_is_read(body: bytes) -> None:
     for pieces in splits(body, seed=len(body), count=60) if len(body) < 600 else _some(body):

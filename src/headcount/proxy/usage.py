@@ -16,7 +16,8 @@ the engine: nothing is changed and nothing dropped.
 
 The tap is on the hot path. Forwarding without dropping, `feed` keeps the
 last pieces by reference (at least `_WINDOW` bytes) and `end` parses the last
-`"usage":{` object among them, once. Dropping, `feed` holds back only the
+`"usage":{` object among them, once (and once per `_WINDOW` of a long answer,
+where `prompt_logprobs` may follow the usage). Dropping, `feed` holds back only the
 bytes after the last event boundary and parses only events holding
 `"usage":{`, which in compact JSON is always a key. Nothing here raises on a
 malformed body: the numbers stay None.
@@ -33,8 +34,8 @@ _USAGE = b'"usage":{'
 _OPEN = len(_USAGE) - 1
 """Offset of the usage object's `{` from the key's first quote."""
 _WINDOW = 16384
-"""Bytes kept from the end of a forwarded answer: vLLM writes `usage` last or nearly
-(in a whole answer only `prompt_logprobs` and `kv_transfer_params` may follow it)."""
+"""Bytes kept from the end of a forwarded answer, read whenever twice as many are kept: a
+usage object (under 200 bytes) is whole in one of the readings."""
 _USAGE_SPAN = 1024
 """Bytes read after a `"usage":` key: its object is under 200, details included."""
 _ATTEMPTS = 4
@@ -113,8 +114,10 @@ class UsageTap:
         return piece
 
     def _trim(self) -> None:
-        """Forget the oldest pieces, keeping at least `_WINDOW` bytes: once per `_WINDOW` fed."""
+        """Read the window, then forget its oldest pieces down to `_WINDOW` bytes: once per
+        `_WINDOW` fed, so a usage before a long tail (`prompt_logprobs`) is read too."""
         window = self._window
+        self._read_tail(b"".join(window))
         kept = self._kept
         first = 0
         while kept - len(window[first]) >= _WINDOW:
@@ -211,5 +214,4 @@ def _next_boundary(data: bytes, start: int) -> int:
     """Just past the first blank line from `start`, else the end of `data`."""
     lf = data.find(b"\n\n", start)
     crlf = data.find(b"\n\r\n", start)
-    ends = [at + 2 for at in (lf,) if at >= 0] + [at + 3 for at in (crlf,) if at >= 0]
-    return min(ends, default=len(data))
+    return min([at + width for at, width in ((lf, 2), (crlf, 3)) if at >= 0], default=len(data))
