@@ -354,18 +354,25 @@ class CountingDecoder(json.JSONDecoder):
 
 
 @pytest.mark.parametrize("drop", [True, False], ids=["dropping", "forwarding"])
-def test_only_the_usage_object_is_parsed_once_a_stream(
+def test_vllms_usage_is_read_without_a_json_parse_and_others_with_one_of_the_object_only(
     drop: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decoder = CountingDecoder()
     monkeypatch.setattr(usage_module, "_DECODER", decoder)
-    events, _ = vllm_chat_stream(content=ANSWER_ABOUT_USAGE)
-    tap = UsageTap(event_stream=True, drop_usage=drop)
-    for event in events:
-        tap.feed(event)
-    tap.end()
-    assert tap.completion_tokens == COMPLETION
-    assert len(decoder.parsed) == 1 and len(decoder.parsed[0]) <= usage_module._USAGE_SPAN
+    events, usage_event = vllm_chat_stream(content=ANSWER_ABOUT_USAGE)
+    assert usage_event is not None
+    vllm_usage = b'"usage":{"prompt_tokens":37,"total_tokens":57,"completion_tokens":20,'
+    openai_usage = b'"usage":{"prompt_tokens":37,"completion_tokens":20,"total_tokens":57,'
+    assert vllm_usage in usage_event
+    for usage, parses in ((vllm_usage, 0), (openai_usage, 1)):
+        decoder.parsed.clear()
+        tap = UsageTap(event_stream=True, drop_usage=drop)
+        sent = [event.replace(vllm_usage, usage) for event in events]
+        forwarded = b"".join([*(tap.feed(event) for event in sent), tap.end()])
+        assert forwarded == b"".join(sent if not drop else [*sent[:-2], sent[-1]])
+        assert (tap.prompt_tokens, tap.completion_tokens) == (PROMPT, COMPLETION)
+        assert len(decoder.parsed) == parses
+        assert all(len(text) <= usage_module._USAGE_SPAN for text in decoder.parsed)
 
 
 def test_forwarding_keeps_a_bounded_tail_of_a_long_answer() -> None:
@@ -456,7 +463,6 @@ def _chat_completion(content: str, tail: dict[str, object]) -> bytes:
         _chat_completion(
             "ok", {"prompt_logprobs": [None, {"usage": {"logprob": -1.0, "rank": 1}}]}
         ),
-        _chat_completion("ok", {"prompt_logprobs": [None, *_prompt_logprobs(3000)]}),
         _json(
             completion_body(
                 Generation("completion", "m", False, COMPLETION, False, list(range(PROMPT))),
@@ -466,7 +472,7 @@ def _chat_completion(content: str, tail: dict[str, object]) -> bytes:
             )
         ).encode(),
     ],
-    ids=["chat", "prompt-logprobs-after", "long-prompt-logprobs-after", "sim-text-completion"],
+    ids=["chat", "prompt-logprobs-after", "sim-text-completion"],
 )
 def test_a_whole_answer_goes_through_unchanged_and_its_usage_is_read(body: bytes) -> None:
     for pieces in splits(body, seed=len(body), count=60) if len(body) < 600 else _some(body):
@@ -481,6 +487,16 @@ def _some(body: bytes) -> Iterator[list[bytes]]:
     for _ in range(200):
         yield pieces_at(body, rng.sample(range(1, len(body)), rng.randint(1, 11)))
     yield [body[i : i + 7] for i in range(0, len(body), 7)]
+
+
+@pytest.mark.parametrize(("tokens", "read"), [(100, True), (3000, False)])
+def test_a_usage_followed_by_more_than_the_window_is_not_read(tokens: int, read: bool) -> None:
+    body = _chat_completion("ok", {"prompt_logprobs": [None, *_prompt_logprobs(tokens)]})
+    assert (len(body) - body.index(b'"usage":{') < usage_module._WINDOW) == read
+    tap = UsageTap(event_stream=False)
+    assert run(tap, [body[at : at + 1000] for at in range(0, len(body), 1000)]) == body
+    numbers = (PROMPT, COMPLETION) if read else (None, None)
+    assert (tap.prompt_tokens, tap.completion_tokens) == numbers
 
 
 def test_embeddings_usage_reports_no_completion_beyond_zero() -> None:
