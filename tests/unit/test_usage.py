@@ -542,3 +542,18 @@ def test_an_error_answer_to_a_stream_is_json_and_never_dropped() -> None:
     events, usage_event = vllm_chat_stream()
     assert usage_event is not None
     assert run(stream, events) == b"".join(events).replace(usage_event, b"")
+
+
+def test_a_body_without_stream_options_has_the_ask_spliced_into_its_own_bytes() -> None:
+    raw = b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "\\u00e9"}]}'
+    body = json.loads(raw)
+    asked = ask_usage(body, raw)
+    assert asked is not None and asked.endswith(raw[1:])
+    assert json.loads(asked) == {**body, "stream_options": {"include_usage": True}}
+    spaced = b" " + raw  # not a brace first: encoded again, the same meaning
+    again = ask_usage(body, spaced)
+    assert again is not None and json.loads(again) == json.loads(asked)
+    with_options = {**body, "stream_options": None}
+    encoded = ask_usage(with_options, raw)
+    assert encoded is not None and json.loads(encoded)["stream_options"] == {"include_usage": True}
+    assert not encoded.endswith(raw[1:])

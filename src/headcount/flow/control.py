@@ -101,6 +101,14 @@ class FlowControl:
         self._tick: asyncio.TimerHandle | None = None
         fleet.subscribe(self._on_fleet_change)
 
+    async def close(self) -> None:
+        """Stop dispatching (the proxy has closed every waiting request) and close the store."""
+        for handle in (self._tick, self._dispatch_soon):
+            if handle is not None:
+                handle.cancel()
+        self._tick = self._dispatch_soon = None
+        await self.store.close()
+
     # -- what the surfaces read ---------------------------------------------------------------
 
     @property
@@ -238,7 +246,7 @@ class FlowControl:
         self, ask: Ask, outcome: str, message: str, retry_after: float, headers: bytes = b""
     ) -> Refusal:
         self._metrics.tenant_request(ask.tenant.name, outcome)
-        return Refusal(outcome, message, max(retry_after, 1.0), headers)
+        return Refusal(outcome, message, max(retry_after, 1.0) if retry_after > 0 else 0.0, headers)
 
     def _give_back(self, ask: Ask, verdict: Verdict | None) -> None:
         """A charged request was refused after all: its reserved tokens go back."""

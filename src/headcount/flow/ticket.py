@@ -51,6 +51,7 @@ class Refusal(NamedTuple):
     `queue_timeout`, or `no_engine` (the policy picked none)."""
     message: str
     retry_after: float
+    """Seconds (at least 1); 0 when waiting cannot help (the request alone is over a limit)."""
     headers: bytes
     """`x-ratelimit-*` lines for a tenant with limits (b"" otherwise)."""
 

@@ -68,6 +68,7 @@ from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
 from headcount.fleet import Engine, EngineLoad, Fleet, Snapshot
 from headcount.fleet.outliers import GATEWAY_ERROR, HTTP_5XX
+from headcount.flow.ticket import Ticket
 from headcount.proxy.errors import (
     INTERNAL_ERROR,
     ErrorAnswer,
@@ -76,8 +77,9 @@ from headcount.proxy.errors import (
     upstream_failed,
     upstream_timed_out,
 )
-from headcount.proxy.headers import response_headers
+from headcount.proxy.headers import find_header, response_headers
 from headcount.proxy.stalls import StallWatch
+from headcount.proxy.usage import UsageTap
 from headcount.routing import Policy, RequestFeatures
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, Metrics, whole
@@ -132,6 +134,7 @@ class Exchange:
         "_conn",
         "_context",
         "_done",
+        "_drop_usage",
         "_engine",
         "_failovers",
         "_features",
@@ -147,7 +150,9 @@ class Exchange:
         "_started",
         "_status",
         "_suspect",
+        "_tap",
         "_task",
+        "_ticket",
         "_timer",
         "_tried",
         "_ttfb",
@@ -165,9 +170,13 @@ class Exchange:
         request_id: bytes,
         wire: tuple[bytes, bytes, bytes],
         path: bytes,
+        ticket: Ticket | None = None,
+        drop_usage: bool = False,
     ) -> None:
         """`wire`: the request line, headers after `host` (blank line included), the body;
-        `path` the request's, for the access log."""
+        `path` the request's, for the access log. `ticket`: flow control's hold, given back
+        at the end with the usage the answer reports (`drop_usage`: the router asked for it,
+        the client did not: the usage chunk is not forwarded)."""
         self._context = context
         self._responder = responder
         self._loop = loop
@@ -193,6 +202,9 @@ class Exchange:
         self._waiting_in: dict[Exchange, None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._prefill: tuple[EngineLoad, int] | None = None
+        self._ticket = ticket
+        self._tap: UsageTap | None = None
+        self._drop_usage = drop_usage
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -202,6 +214,8 @@ class Exchange:
 
     def _attempt(self, engine: Engine, fresh: bool) -> None:
         self._engine = self._last = engine
+        if self._ticket is not None:
+            self._ticket.moved(engine.id)
         load = engine.load
         load.in_flight += 1
         load.awaiting += 1
@@ -348,9 +362,12 @@ class Exchange:
             return
         if complete:
             self._conn = None  # already back in its pool: a pause while writing must not reach it
-        self._bytes_out += len(body)
         try:
+            tap = self._tap
             if head is None:
+                if tap is not None:
+                    body = tap.feed(body) + tap.end() if complete else tap.feed(body)
+                self._bytes_out += len(body)
                 self._responder.write(body, complete)
             elif self._failed_over(head, complete):
                 return
@@ -362,6 +379,14 @@ class Exchange:
                 kv, engine = self._features.kv, self._engine
                 if kv is not None and engine is not None:
                     block += kv.receipt(engine)
+                ticket = self._ticket
+                if ticket is not None:
+                    block += ticket.headers
+                    tap = self._tap = UsageTap.for_response(
+                        find_header(head.headers, b"content-type"), self._drop_usage
+                    )
+                    body = tap.feed(body) + tap.end() if complete else tap.feed(body)
+                self._bytes_out += len(body)
                 self._responder.start(
                     head.status, head.reason, block, head.content_length, body, complete
                 )
@@ -495,9 +520,10 @@ class Exchange:
     # -- endings ------------------------------------------------------------------------------
 
     def _fail(self, answer: ErrorAnswer) -> None:
-        self._responder.respond(
-            answer.status, JSON_HEADER + b"x-request-id: %s\r\n" % self._request_id, answer.body
-        )
+        headers = JSON_HEADER + b"x-request-id: %s\r\n" % self._request_id
+        if self._ticket is not None:
+            headers += self._ticket.headers
+        self._responder.respond(answer.status, headers, answer.body)
         self._bytes_out = len(answer.body)
         self._end(answer.status, whole(answer.status))
 
@@ -523,11 +549,29 @@ class Exchange:
         if suspect is not None:  # no other engine answered: the 5xx counts after all
             self._suspect = None
             self._count_error(suspect, HTTP_5XX)
+        ticket = self._ticket
+        if ticket is not None:
+            self._settle(ticket, status)
         duration = self._loop.time() - self._started
         context, model = self._context, self._features.model
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)
         if context.access.wants(status >= 500 or outcome == CUT or self._failovers > 0):
             context.access.write(self._entry(status, outcome, duration))
+
+    def _settle(self, ticket: Ticket, status: int) -> None:
+        """Give flow control its hold back, with the tokens the answer reported; an answer
+        that is no success used none, a success that reported none (cut) keeps its
+        reservation."""
+        tap = self._tap
+        if tap is not None:
+            prompt, completion = tap.prompt_tokens, tap.completion_tokens
+            if prompt is not None or completion is not None:
+                ticket.done(prompt, completion)
+                return
+        if not 200 <= status < 300:
+            ticket.done(0, 0)
+        else:
+            ticket.done()
 
     def _entry(self, status: int, outcome: str, duration: float) -> AccessEntry:
         engine, kv = self._last, self._features.kv

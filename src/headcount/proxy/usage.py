@@ -51,6 +51,8 @@ _VLLM_USAGE = re.compile(
     rb'\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)[,}]'
 )
 """vLLM's usage as pydantic writes it, read without a JSON parse (a third of the time)."""
+_ASKING = b'{"stream_options":{"include_usage":true},'
+"""A body's opening brace with the ask after it; a JSON object with a key follows."""
 _DECODER = json.JSONDecoder()
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 """Made once: `json.dumps` with options makes one a call (a quarter of its time)."""
@@ -62,16 +64,21 @@ def client_asks_usage(body: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage", True) is True
 
 
-def ask_usage(body: dict[str, Any]) -> bytes | None:
+def ask_usage(body: dict[str, Any], raw: bytes = b"") -> bytes | None:
     """The stream's body asking for its usage event, or None when it needs no change.
 
     None for a body that is not a stream, that asks already, or whose
     `stream_options` vLLM would refuse or read in a way this does not: the
     engine decides, and the tap must not drop. Bytes mean the client did not
-    ask: forward them instead and drop the usage event (`UsageTap`).
+    ask: forward them instead and drop the usage event (`UsageTap`). A body
+    without `stream_options` whose bytes `raw` are given gets the ask spliced
+    in after its opening brace (no key can repeat), not the whole body encoded
+    again: a tenth of the work.
     """
     if body.get("stream") is not True:
         return None
+    if "stream_options" not in body and raw[:1] == b"{":
+        return _ASKING + raw[1:]
     options = body.get("stream_options")
     if options is None:
         options = {"include_usage": True}

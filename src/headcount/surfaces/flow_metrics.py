@@ -70,7 +70,7 @@ class TenantMetrics:
         if tenant in self._known:
             return tenant
         names = self._names()
-        if names is not self._known:
+        if names != self._known:
             self._known = names
             self._children.clear()
         return tenant if tenant in names else OTHER_TENANT
