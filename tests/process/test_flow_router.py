@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from headcount.config import FlowSettings
 from headcount.sim.cluster.polling import wait_until
 from headcount.sim.engine.config import EngineSimConfig
 from headcount.sim.engine.server import running_engine
+from tests.support.metric_families import FLOW_METRIC_LABELS
 from tests.support.router import MODEL, Running, router_before
 
 __all__: list[str] = []
@@ -93,6 +96,13 @@ async def test_a_tenant_over_its_requests_per_minute_hears_429_and_when_to_retry
             _sample(running, "headcount_tenant_requests_total", tenant="capped", outcome="admitted")
             == 3
         )
+        _, text, _ = await running.get("/metrics", "sk-chat")
+        families = {family.name: family for family in text_string_to_metric_families(text)}
+        for name, labels in FLOW_METRIC_LABELS.items():
+            family = families[name.removesuffix("_total")]
+            assert all(set(s.labels) - {"le"} == labels for s in family.samples), name
+        requests = families["headcount_tenant_requests"].samples
+        assert {s.labels["tenant"] for s in requests} == {"capped", "chat"}
 
 
 async def _stream(running: Running, key: str, body: dict[str, Any]) -> list[dict[str, Any]]:
