@@ -59,7 +59,7 @@ class Refusal(NamedTuple):
 class Ticket:
     """A granted request's hold on flow control, given back once by `done`."""
 
-    __slots__ = ("_owner", "engine_id", "headers", "reserved", "tenant", "window")
+    __slots__ = ("_owner", "drop_usage", "engine_id", "headers", "reserved", "tenant", "window")
 
     def __init__(
         self, owner: TicketOwner, ask: Ask, engine_id: str, verdict: Verdict | None
@@ -73,6 +73,9 @@ class Ticket:
         self.window = 0 if verdict is None else verdict.window
         self.headers = b"" if verdict is None else ratelimit_headers(verdict)
         """`x-ratelimit-*` lines the answer carries."""
+        self.drop_usage = False
+        """The router asked the engine for usage the client did not ask for: the answer's
+        usage event is not the client's."""
 
     def moved(self, engine_id: str) -> None:
         """The request failed over to `engine_id`: its slot moves there."""

@@ -228,7 +228,9 @@ def _granted(
     if isinstance(decided, Refusal):
         answer, headers = refusal_answer(decided)
         return Refused(answer, features.model, headers)
-    return Admitted(decided.engine, features, decided.ticket, demand.forward)
+    ticket = decided.ticket
+    ticket.drop_usage = demand.forward is not None
+    return Admitted(decided.engine, features, ticket, demand.forward)
 
 
 async def _granted_later(

@@ -366,7 +366,6 @@ class Proxy:
             wire,
             request.path,
             decision.ticket,
-            decision.body is not None,
         )
         responder.attach(exchange)
         exchange.begin(decision.engine)

@@ -78,6 +78,7 @@ from headcount.proxy.errors import (
     upstream_timed_out,
 )
 from headcount.proxy.headers import find_header, response_headers
+from headcount.proxy.metering import TappedResponder
 from headcount.proxy.stalls import StallWatch
 from headcount.proxy.usage import UsageTap
 from headcount.routing import Policy, RequestFeatures
@@ -134,7 +135,6 @@ class Exchange:
         "_conn",
         "_context",
         "_done",
-        "_drop_usage",
         "_engine",
         "_failovers",
         "_features",
@@ -150,7 +150,6 @@ class Exchange:
         "_started",
         "_status",
         "_suspect",
-        "_tap",
         "_task",
         "_ticket",
         "_timer",
@@ -171,12 +170,10 @@ class Exchange:
         wire: tuple[bytes, bytes, bytes],
         path: bytes,
         ticket: Ticket | None = None,
-        drop_usage: bool = False,
     ) -> None:
         """`wire`: the request line, headers after `host` (blank line included), the body;
         `path` the request's, for the access log. `ticket`: flow control's hold, given back
-        at the end with the usage the answer reports (`drop_usage`: the router asked for it,
-        the client did not: the usage chunk is not forwarded)."""
+        at the end with the usage the answer reports (`metering.py`)."""
         self._context = context
         self._responder = responder
         self._loop = loop
@@ -203,8 +200,6 @@ class Exchange:
         self._timer: asyncio.TimerHandle | None = None
         self._prefill: tuple[EngineLoad, int] | None = None
         self._ticket = ticket
-        self._tap: UsageTap | None = None
-        self._drop_usage = drop_usage
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -214,8 +209,6 @@ class Exchange:
 
     def _attempt(self, engine: Engine, fresh: bool) -> None:
         self._engine = self._last = engine
-        if self._ticket is not None:
-            self._ticket.moved(engine.id)
         load = engine.load
         load.in_flight += 1
         load.awaiting += 1
@@ -276,6 +269,8 @@ class Exchange:
         if engine is not None:
             self._failovers += 1
             tried.append(engine.id)
+            if self._ticket is not None:
+                self._ticket.moved(engine.id)
         return engine
 
     def _release(self, failed: bool) -> None:
@@ -362,12 +357,9 @@ class Exchange:
             return
         if complete:
             self._conn = None  # already back in its pool: a pause while writing must not reach it
+        self._bytes_out += len(body)
         try:
-            tap = self._tap
             if head is None:
-                if tap is not None:
-                    body = tap.feed(body) + tap.end() if complete else tap.feed(body)
-                self._bytes_out += len(body)
                 self._responder.write(body, complete)
             elif self._failed_over(head, complete):
                 return
@@ -382,11 +374,10 @@ class Exchange:
                 ticket = self._ticket
                 if ticket is not None:
                     block += ticket.headers
-                    tap = self._tap = UsageTap.for_response(
-                        find_header(head.headers, b"content-type"), self._drop_usage
+                    tap = UsageTap.for_response(
+                        find_header(head.headers, b"content-type"), ticket.drop_usage
                     )
-                    body = tap.feed(body) + tap.end() if complete else tap.feed(body)
-                self._bytes_out += len(body)
+                    self._responder = TappedResponder(self._responder, tap)
                 self._responder.start(
                     head.status, head.reason, block, head.content_length, body, complete
                 )
@@ -562,9 +553,9 @@ class Exchange:
         """Give flow control its hold back, with the tokens the answer reported; an answer
         that is no success used none, a success that reported none (cut) keeps its
         reservation."""
-        tap = self._tap
-        if tap is not None:
-            prompt, completion = tap.prompt_tokens, tap.completion_tokens
+        responder = self._responder
+        if isinstance(responder, TappedResponder):
+            prompt, completion = responder.tap.prompt_tokens, responder.tap.completion_tokens
             if prompt is not None or completion is not None:
                 ticket.done(prompt, completion)
                 return
@@ -572,6 +563,10 @@ class Exchange:
             ticket.done(0, 0)
         else:
             ticket.done()
+
+    def _dropped(self) -> int:
+        responder = self._responder
+        return responder.dropped if isinstance(responder, TappedResponder) else 0
 
     def _entry(self, status: int, outcome: str, duration: float) -> AccessEntry:
         engine, kv = self._last, self._features.kv
@@ -586,7 +581,7 @@ class Exchange:
             ttfb=self._ttfb,
             duration=duration,
             bytes_in=len(self._wire[2]),
-            bytes_out=self._bytes_out,
+            bytes_out=self._bytes_out - self._dropped(),
             failovers=self._failovers,
             cut=outcome == CUT,
             cached_tokens=None if kv is None or engine is None else kv.predicted.get(engine.id, 0),
