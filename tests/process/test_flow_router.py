@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from headcount.config import FlowSettings
+from headcount.fleet import EngineLoad
 from headcount.sim.cluster.polling import wait_until
 from headcount.sim.engine.config import EngineSimConfig
 from headcount.sim.engine.server import running_engine
@@ -55,14 +58,24 @@ def _sample(running: Running, name: str, **labels: str) -> float:
     return running.router.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
+@asynccontextmanager
+async def _one_engine(
+    tmp_path: Path, engine: EngineSimConfig | None = None, **options: Any
+) -> AsyncIterator[tuple[Running, EngineLoad]]:
+    """A router with `TENANTS` before one simulated engine, once it routes to it: the
+    router, and the engine's load as the router keeps it."""
+    async with (
+        running_engine(engine or EngineSimConfig()) as sim,
+        router_before([sim.url], tmp_path, client_keys=None, tenants=TENANTS, **options) as running,
+    ):
+        await wait_until(lambda: running.router.fleet.snapshot.routable, timeout=10)
+        yield running, running.router.fleet.snapshot.routable[0].load
+
+
 async def test_a_tenant_over_its_requests_per_minute_hears_429_and_when_to_retry(
     tmp_path: Path,
 ) -> None:
-    async with (
-        running_engine(EngineSimConfig()) as engine,
-        router_before([engine.url], tmp_path, client_keys=None, tenants=TENANTS) as running,
-    ):
-        await wait_until(lambda: running.router.fleet.snapshot.routable, timeout=10)
+    async with _one_engine(tmp_path) as (running, _):
         remaining = []
         for _ in range(3):
             status, _, headers = await running.post(
@@ -119,11 +132,7 @@ async def _stream(running: Running, key: str, body: dict[str, Any]) -> list[dict
 async def test_streams_are_settled_on_the_engines_usage_and_clients_see_only_what_they_asked(
     tmp_path: Path,
 ) -> None:
-    async with (
-        running_engine(EngineSimConfig()) as engine,
-        router_before([engine.url], tmp_path, client_keys=None, tenants=TENANTS) as running,
-    ):
-        await wait_until(lambda: running.router.fleet.snapshot.routable, timeout=10)
+    async with _one_engine(tmp_path) as (running, _):
         plain = await _stream(running, "sk-metered", _chat(max_tokens=5, stream=True))
         assert all(chunk["choices"] for chunk in plain), "a usage chunk the client never asked for"
         assert all(chunk.get("usage") is None for chunk in plain)
@@ -154,14 +163,7 @@ async def test_the_router_learns_an_engines_capacity_when_it_begins_to_queue(
     tmp_path: Path,
 ) -> None:
     slow = EngineSimConfig(max_running=1, token_delay=0.05)
-    async with (
-        running_engine(slow) as engine,
-        router_before(
-            [engine.url], tmp_path, client_keys=None, tenants=TENANTS, probe_interval=0.05
-        ) as running,
-    ):
-        await wait_until(lambda: running.router.fleet.snapshot.routable, timeout=10)
-        load = running.router.fleet.snapshot.routable[0].load
+    async with _one_engine(tmp_path, slow, probe_interval=0.05) as (running, load):
         assert load.capacity is None
         both = [
             running.post("/v1/chat/completions", _chat(max_tokens=20), _auth("sk-batch"))
@@ -178,14 +180,7 @@ async def test_when_every_engine_is_full_the_higher_priority_is_served_first(
     tmp_path: Path,
 ) -> None:
     slow = EngineSimConfig(max_running=1, token_delay=0.05)
-    async with (
-        running_engine(slow) as engine,
-        router_before(
-            [engine.url], tmp_path, client_keys=None, tenants=TENANTS, probe_interval=600
-        ) as running,
-    ):
-        await wait_until(lambda: running.router.fleet.snapshot.routable, timeout=10)
-        load = running.router.fleet.snapshot.routable[0].load
+    async with _one_engine(tmp_path, slow, probe_interval=600) as (running, load):
         load.capacity = 1  # as learned (above); no probe comes to change it in this test
         flow = running.router.flow
         assert flow is not None
@@ -212,19 +207,8 @@ async def test_when_every_engine_is_full_the_higher_priority_is_served_first(
 
 async def test_a_queue_timeout_is_a_503_with_retry_after(tmp_path: Path) -> None:
     slow = EngineSimConfig(max_running=1, token_delay=0.2)
-    async with (
-        running_engine(slow) as engine,
-        router_before(
-            [engine.url],
-            tmp_path,
-            client_keys=None,
-            tenants=TENANTS,
-            probe_interval=600,
-            flow=FlowSettings(queue_timeout=0.2),
-        ) as running,
-    ):
-        await wait_until(lambda: running.router.fleet.snapshot.routable, timeout=10)
-        load = running.router.fleet.snapshot.routable[0].load
+    timeout = FlowSettings(queue_timeout=0.2)
+    async with _one_engine(tmp_path, slow, probe_interval=600, flow=timeout) as (running, load):
         load.capacity = 1  # as learned; no probe comes to change it in this test
         long = asyncio.ensure_future(
             running.post("/v1/chat/completions", _chat(max_tokens=10), _auth("sk-batch"))
