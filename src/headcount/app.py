@@ -291,12 +291,12 @@ def _flow_control(
         if flow.limits_store is None
         else RedisStore(flow.limits_store, flow.limits_store_timeout)
     )
-    tenant_metrics = TenantMetrics(
-        metrics.registry, lambda: (credentials.tenants or Tenants()).names
-    )
-    control = FlowControl(fleet, flow, store, tenant_metrics)
+    tenants = TenantMetrics(lambda: (credentials.tenants or Tenants()).names)
+    control = FlowControl(fleet, flow, store, tenants)
     metrics.scrape_also(
-        lambda snapshot: FlowCollector(control.depths(), snapshot, control.store.health)
+        lambda snapshot: FlowCollector(
+            tenants.counts(), control.depths(), snapshot, control.store.health
+        )
     )
     return control
 

@@ -54,8 +54,14 @@ def _chat(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
-def _sample(running: Running, name: str, **labels: str) -> float:
-    return running.router.metrics.registry.get_sample_value(name, labels) or 0.0
+async def _sample(running: Running, name: str, **labels: str) -> float:
+    """One sample of the router's `/metrics`, as a scrape reads it (0 when absent)."""
+    _, text, _ = await running.get("/metrics", "sk-chat")
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
 
 
 @asynccontextmanager
@@ -100,13 +106,15 @@ async def test_a_tenant_over_its_requests_per_minute_hears_429_and_when_to_retry
         )
         assert status == 200 and "x-ratelimit-limit-requests" not in headers
         assert (
-            _sample(
+            await _sample(
                 running, "headcount_tenant_requests_total", tenant="capped", outcome="rate_limited"
             )
             == 1
         )
         assert (
-            _sample(running, "headcount_tenant_requests_total", tenant="capped", outcome="admitted")
+            await _sample(
+                running, "headcount_tenant_requests_total", tenant="capped", outcome="admitted"
+            )
             == 3
         )
         _, text, _ = await running.get("/metrics", "sk-chat")
@@ -136,11 +144,13 @@ async def test_streams_are_settled_on_the_engines_usage_and_clients_see_only_wha
         plain = await _stream(running, "sk-metered", _chat(max_tokens=5, stream=True))
         assert all(chunk["choices"] for chunk in plain), "a usage chunk the client never asked for"
         assert all(chunk.get("usage") is None for chunk in plain)
-        completion = _sample(
+        completion = await _sample(
             running, "headcount_tenant_tokens_total", tenant="metered", kind="completion"
         )
         assert completion == 5
-        prompt = _sample(running, "headcount_tenant_tokens_total", tenant="metered", kind="prompt")
+        prompt = await _sample(
+            running, "headcount_tenant_tokens_total", tenant="metered", kind="prompt"
+        )
         assert prompt > 0
         asked = await _stream(
             running,
@@ -148,15 +158,12 @@ async def test_streams_are_settled_on_the_engines_usage_and_clients_see_only_wha
             _chat(max_tokens=4, stream=True, stream_options={"include_usage": True}),
         )
         assert asked[-1]["choices"] == [] and asked[-1]["usage"]["completion_tokens"] == 4
-        await wait_until(
-            lambda: (
-                _sample(
-                    running, "headcount_tenant_tokens_total", tenant="metered", kind="completion"
-                )
-                == 9
-            ),
-            timeout=5,
-        )
+
+        async def settled() -> bool:
+            kind = {"tenant": "metered", "kind": "completion"}
+            return await _sample(running, "headcount_tenant_tokens_total", **kind) == 9
+
+        await wait_until(settled, timeout=5)
 
 
 async def test_the_router_learns_an_engines_capacity_when_it_begins_to_queue(
@@ -201,8 +208,8 @@ async def test_when_every_engine_is_full_the_higher_priority_is_served_first(
         await wait_until(lambda: flow.queued == 3, timeout=5, interval=0.005)
         assert await asyncio.gather(first, chat, *batch) == [200] * 4
         assert finished == ["batch-0", "chat", "batch-1", "batch-2"]
-        assert _sample(running, "headcount_queue_seconds_count", tenant="chat") == 1
-        assert _sample(running, "headcount_queue_seconds_sum", tenant="chat") > 0
+        assert await _sample(running, "headcount_queue_seconds_count", tenant="chat") == 1
+        assert await _sample(running, "headcount_queue_seconds_sum", tenant="chat") > 0
 
 
 async def test_a_queue_timeout_is_a_503_with_retry_after(tmp_path: Path) -> None:

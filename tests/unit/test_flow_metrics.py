@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
-
 from headcount.auth.tenants import Tenant
 from headcount.flow.limits import StoreHealth
 from headcount.surfaces.flow_metrics import FlowCollector, TenantMetrics
@@ -12,39 +10,55 @@ from tests.support.builders import ready_fleet, spec
 __all__: list[str] = []
 
 
+def _samples(collector: FlowCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
+
+
 def test_a_tenant_the_file_no_longer_names_counts_as_other() -> None:
-    registry = CollectorRegistry()
     names = {"names": frozenset({"default", "chat"})}
-    metrics = TenantMetrics(registry, lambda: names["names"])
+    metrics = TenantMetrics(lambda: names["names"])
     chat, gone = Tenant("chat"), Tenant("gone")
     metrics.tenant_request(chat, "admitted")
     metrics.tenant_request(gone, "admitted")
     metrics.tenant_tokens(chat, 7, 3)
     metrics.tenant_queued(gone, 0.5)
+    metrics.tenant_queued(gone, 0.0)
+    metrics.tenant_queued(gone, 99.0)
+    names["names"] = frozenset({"default", "chat", "new"})  # a reload adds a tenant
+    metrics.tenant_request(Tenant("new", priority=3), "shed")
+    fleet = ready_fleet(spec("a"))
+    samples = _samples(
+        FlowCollector(metrics.counts(), {}, fleet.snapshot, StoreHealth("memory", True, None, 0))
+    )
 
     def sample(name: str, **labels: str) -> float | None:
-        return registry.get_sample_value(name, labels)
+        return samples.get((name, tuple(sorted(labels.items()))))
 
     assert sample("headcount_tenant_requests_total", tenant="chat", outcome="admitted") == 1
     assert sample("headcount_tenant_requests_total", tenant="other", outcome="admitted") == 1
     assert sample("headcount_tenant_requests_total", tenant="gone", outcome="admitted") is None
+    assert sample("headcount_tenant_requests_total", tenant="new", outcome="shed") == 1
     assert sample("headcount_tenant_tokens_total", tenant="chat", kind="prompt") == 7
     assert sample("headcount_tenant_tokens_total", tenant="chat", kind="completion") == 3
-    assert sample("headcount_queue_seconds_sum", tenant="other") == 0.5
-    names["names"] = frozenset({"default", "chat", "new"})  # a reload adds a tenant
-    metrics.tenant_request(Tenant("new", priority=3), "shed")
-    assert sample("headcount_tenant_requests_total", tenant="new", outcome="shed") == 1
+    assert sample("headcount_queue_seconds_sum", tenant="other") == 99.5
+    assert sample("headcount_queue_seconds_count", tenant="other") == 3
+    assert sample("headcount_queue_seconds_bucket", tenant="other", le="0.005") == 1
+    assert sample("headcount_queue_seconds_bucket", tenant="other", le="0.5") == 2
+    assert sample("headcount_queue_seconds_bucket", tenant="other", le="0.25") == 1
+    assert sample("headcount_queue_seconds_bucket", tenant="other", le="60.0") == 2
+    assert sample("headcount_queue_seconds_bucket", tenant="other", le="+Inf") == 3
 
 
 def test_a_scrape_reads_depths_learned_capacities_and_the_store() -> None:
     fleet = ready_fleet(spec("a"), spec("b"))
     fleet.snapshot.engines[0].load.capacity = 6
-    collector = FlowCollector({10: 2, -1: 1}, fleet.snapshot, StoreHealth("r", False, "x", 4))
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in collector.collect()
-        for s in family.samples
-    }
+    empty = TenantMetrics(frozenset).counts()
+    store = StoreHealth("r", False, "x", 4)
+    samples = _samples(FlowCollector(empty, {10: 2, -1: 1}, fleet.snapshot, store))
     assert samples == {
         ("headcount_queue_depth", (("priority", "-1"),)): 1,
         ("headcount_queue_depth", (("priority", "10"),)): 2,

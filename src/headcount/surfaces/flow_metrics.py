@@ -3,115 +3,117 @@
 With a tenants file, `TenantMetrics` counts each tenant's requests by outcome
 (`headcount_tenant_requests_total`), its settled tokens
 (`headcount_tenant_tokens_total`) and its time in the router's queue
-(`headcount_queue_seconds`). The `tenant` label takes only names the tenants
-file holds now (`default` included): any other (a tenant a reload removed) is
-`other`, so that no input mints series. `FlowCollector` reads at scrape time
-what waits per priority (`headcount_queue_depth`), each engine's learned
-capacity (`headcount_engine_capacity`) and the limits store's state.
+(`headcount_queue_seconds`), as plain integers on the event loop: a request
+pays a dict lookup and an addition, not a registry's label lookup and lock.
+The `tenant` label takes only names the tenants file holds now (`default`
+included): any other (a tenant a reload removed) is `other`, so that no input
+mints series. At each scrape `FlowCollector` gets a copy of those counts, made
+on the loop, with what waits per priority (`headcount_queue_depth`), each
+engine's learned capacity (`headcount_engine_capacity`) and the limits
+store's state.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.metrics_core import Metric
 
 from headcount.auth.tenants import Tenant
 from headcount.fleet import Snapshot
 from headcount.flow.limits import StoreHealth
 
-__all__ = ["OTHER_TENANT", "TENANT_OUTCOMES", "FlowCollector", "TenantMetrics"]
+__all__ = ["OTHER_TENANT", "QUEUE_BUCKETS", "FlowCollector", "TenantCounts", "TenantMetrics"]
 
 OTHER_TENANT = "other"
-TENANT_OUTCOMES = (
-    "admitted",
-    "rate_limited",
-    "concurrency_limited",
-    "shed",
-    "queue_full",
-    "queue_timeout",
-    "client_left",
-    "no_engine",
-)
-_QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_KINDS = ("prompt", "completion")
+
+
+class _Waits:
+    """One tenant's queue-time histogram: a count per bucket (the last is +Inf), the sum."""
+
+    __slots__ = ("buckets", "total")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(QUEUE_BUCKETS) + 1)
+        self.total = 0.0
+
+
+class TenantCounts(NamedTuple):
+    """A copy of the counts, taken on the loop for one scrape."""
+
+    requests: dict[tuple[str, str], int]
+    tokens: dict[tuple[str, str], int]
+    waits: dict[str, tuple[list[int], float]]
 
 
 class TenantMetrics:
-    """Flow control's `FlowMetrics`: per-tenant series with a bounded `tenant` label."""
+    """Flow control's `FlowMetrics`: per-tenant counts with a bounded `tenant` label."""
 
-    def __init__(self, registry: CollectorRegistry, names: Callable[[], frozenset[str]]) -> None:
-        """`names`: the tenants the file in force holds (read again when it changes)."""
+    def __init__(self, names: Callable[[], frozenset[str]]) -> None:
+        """`names`: the tenants the file in force holds (read again when a name is new)."""
         self._names = names
         self._known: frozenset[str] = frozenset()
-        self._requests = Counter(
-            "headcount_tenant_requests",
-            "Requests of each tenant by what flow control did with them (admitted: sent on to "
-            "an engine; the others are refusals, or the client leaving while queued).",
-            ["tenant", "outcome"],
-            registry=registry,
-        )
-        self._tokens = Counter(
-            "headcount_tenant_tokens",
-            "Tokens each tenant used, as the engines reported them (kind: prompt, completion).",
-            ["tenant", "kind"],
-            registry=registry,
-        )
-        self._queued = Histogram(
-            "headcount_queue_seconds",
-            "Time each admitted request waited in the router's queue (0: it did not).",
-            ["tenant"],
-            buckets=_QUEUE_BUCKETS,
-            registry=registry,
-        )
-        self._children: dict[tuple[Tenant, str], Counter] = {}
-        self._waits: dict[Tenant, Histogram] = {}
-        self._used: dict[Tenant, tuple[Counter, Counter]] = {}
-        """Label children by tenant (a reloaded file's tenants are new keys, labelled
-        afresh): `labels()` costs microseconds, a dict lookup does not."""
+        self._labels: dict[Tenant, str] = {}
+        """Per tenant, its label (a reloaded file's tenants are new keys, labelled afresh)."""
+        self._requests: dict[tuple[str, str], int] = {}
+        self._tokens: dict[tuple[str, str], int] = {}
+        self._waits: dict[str, _Waits] = {}
 
     def _label(self, tenant: Tenant) -> str:
-        if len(self._children) > 10_000:  # bound the caches: reloads make new tenants
-            self._children.clear()
-            self._waits.clear()
-            self._used.clear()
-        name = tenant.name
-        if name not in self._known:
-            self._known = self._names()
-        return name if name in self._known else OTHER_TENANT
+        label = self._labels.get(tenant)
+        if label is None:
+            if len(self._labels) > 10_000:  # reloads make new tenants: bound the cache
+                self._labels.clear()
+            name = tenant.name
+            if name not in self._known:
+                self._known = self._names()
+            label = self._labels[tenant] = name if name in self._known else OTHER_TENANT
+        return label
 
     def tenant_request(self, tenant: Tenant, outcome: str) -> None:
-        key = (tenant, outcome)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self._requests.labels(self._label(tenant), outcome)
-        child.inc()
+        key = (self._label(tenant), outcome)
+        self._requests[key] = self._requests.get(key, 0) + 1
 
     def tenant_queued(self, tenant: Tenant, seconds: float) -> None:
-        child = self._waits.get(tenant)
-        if child is None:
-            child = self._waits[tenant] = self._queued.labels(self._label(tenant))
-        child.observe(seconds)
+        label = self._label(tenant)
+        waits = self._waits.get(label)
+        if waits is None:
+            waits = self._waits[label] = _Waits()
+        waits.buckets[bisect_left(QUEUE_BUCKETS, seconds)] += 1
+        waits.total += seconds
 
     def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None:
-        children = self._used.get(tenant)
-        if children is None:
-            label = self._label(tenant)
-            children = self._used[tenant] = (
-                self._tokens.labels(label, "prompt"),
-                self._tokens.labels(label, "completion"),
-            )
-        if prompt:
-            children[0].inc(prompt)
-        if completion:
-            children[1].inc(completion)
+        label = self._label(tenant)
+        for kind, count in zip(_KINDS, (prompt, completion), strict=True):
+            if count:
+                key = (label, kind)
+                self._tokens[key] = self._tokens.get(key, 0) + count
+
+    def counts(self) -> TenantCounts:
+        """A copy for one scrape's render thread."""
+        return TenantCounts(
+            dict(self._requests),
+            dict(self._tokens),
+            {label: (list(w.buckets), w.total) for label, w in self._waits.items()},
+        )
 
 
 class FlowCollector:
-    """The queue, the engines' capacity and the limits store, as one scrape sees them."""
+    """Flow control's series as one scrape sees them."""
 
-    def __init__(self, depths: dict[int, int], snapshot: Snapshot, store: StoreHealth) -> None:
+    def __init__(
+        self, counts: TenantCounts, depths: dict[int, int], snapshot: Snapshot, store: StoreHealth
+    ) -> None:
+        self._counts = counts
         self._depths = depths
         self._capacities = [
             (engine.spec.name, engine.load.capacity)
@@ -121,6 +123,7 @@ class FlowCollector:
         self._store = store
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._per_tenant()
         depth = GaugeMetricFamily(
             "headcount_queue_depth",
             "Requests waiting in the router for an engine with room, by priority.",
@@ -148,3 +151,38 @@ class FlowCollector:
             "Requests admitted without their limits judged because the store failed.",
             value=self._store.fail_open,
         )
+
+    def _per_tenant(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "headcount_tenant_requests",
+            "Requests of each tenant by what flow control did with them (admitted: sent on to "
+            "an engine; the others are refusals, or the client leaving while queued).",
+            labels=["tenant", "outcome"],
+        )
+        for (tenant, outcome), count in sorted(self._counts.requests.items()):
+            requests.add_metric([tenant, outcome], count)
+        yield requests
+        tokens = CounterMetricFamily(
+            "headcount_tenant_tokens",
+            "Tokens each tenant used, as the engines reported them (kind: prompt, completion).",
+            labels=["tenant", "kind"],
+        )
+        for (tenant, kind), count in sorted(self._counts.tokens.items()):
+            tokens.add_metric([tenant, kind], count)
+        yield tokens
+        waits = HistogramMetricFamily(
+            "headcount_queue_seconds",
+            "Time each admitted request waited in the router's queue (0: it did not).",
+            labels=["tenant"],
+        )
+        for tenant, (buckets, total) in sorted(self._counts.waits.items()):
+            cumulative, running = [], 0
+            for bound, count in zip((*QUEUE_BUCKETS, float("inf")), buckets, strict=True):
+                running += count
+                cumulative.append((_bound(bound), running))
+            waits.add_metric([tenant], cumulative, total)
+        yield waits
+
+
+def _bound(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
