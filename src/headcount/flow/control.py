@@ -145,23 +145,23 @@ class FlowControl:
                 "max_concurrency; retry when one ends",
                 1.0,
             )
-        refusal = self._cannot_wait(ask, candidates)
-        if refusal is not None:
-            return refusal
+        room = self._room(ask.model, candidates)
+        if not room:
+            refusal = self._cannot_wait(ask)
+            if refusal is not None:
+                return refusal
         if not tenant.rate_limited:
-            return self._place(ask, candidates, choose, None)
+            return self._place(ask, room, choose, None)
         judged = self.store.take(
             Charge(name, tenant.requests_per_minute, tenant.tokens_per_minute, ask.tokens)
         )
         if isinstance(judged, Verdict):
-            return self._judged(ask, candidates, choose, judged)
+            return self._judged(ask, room, choose, judged)
         return self._judged_later(ask, choose, judged)
 
-    def _cannot_wait(self, ask: Ask, candidates: Sequence[Engine]) -> Refusal | None:
-        """A refusal when the request would have to wait and may not: it is sheddable, or
-        the queue is full."""
-        if not self._must_wait(ask.model, candidates):
-            return None
+    def _cannot_wait(self, ask: Ask) -> Refusal | None:
+        """A refusal when the request, which must wait, may not: it is sheddable, or the
+        queue is full."""
         if ask.priority < 0:
             return self._refuse(
                 ask,
@@ -185,17 +185,18 @@ class FlowControl:
         verdict = await judged
         candidates = self._fleet.snapshot.candidates(ask.model)
         if not candidates:
+            self._give_back(ask, verdict)
             return self._refuse(ask, "no_engine", f"no engine serves `{ask.model}` now", 1.0)
-        decision = self._judged(ask, candidates, choose, verdict)
+        decision = self._judged(ask, self._room(ask.model, candidates), choose, verdict)
         if isinstance(decision, (Grant, Refusal)):
             return decision
         return await decision
 
     def _judged(
-        self, ask: Ask, candidates: Sequence[Engine], choose: Choose, verdict: Verdict
+        self, ask: Ask, room: list[Engine], choose: Choose, verdict: Verdict
     ) -> Grant | Refusal | Awaitable[Grant | Refusal]:
         if verdict.allowed:
-            return self._place(ask, candidates, choose, verdict)
+            return self._place(ask, room, choose, verdict)
         name = ask.tenant.name
         if verdict.reason == "tokens_over_limit":
             message = (
@@ -209,28 +210,29 @@ class FlowControl:
         )
 
     def _place(
-        self, ask: Ask, candidates: Sequence[Engine], choose: Choose, verdict: Verdict | None
+        self, ask: Ask, room: list[Engine], choose: Choose, verdict: Verdict | None
     ) -> Grant | Refusal | Awaitable[Grant | Refusal]:
-        """Grant an engine with room now, or queue (a refusal if the queue filled since)."""
-        if not self._must_wait(ask.model, candidates):
-            engine = choose([e for e in candidates if self._has_room(e)])
+        """Grant one of the engines with `room` now, or queue (a refusal if it may not)."""
+        if room:
+            engine = choose(room)
             if engine is None:
                 self._give_back(ask, verdict)
                 return self._refuse(ask, "no_engine", "the routing policy chose no engine", 1.0)
             self._metrics.tenant_queued(ask.tenant, 0.0)
             return self._grant(ask, engine, verdict)
-        refusal = self._cannot_wait(ask, candidates)
+        refusal = self._cannot_wait(ask)
         if refusal is not None:
             self._give_back(ask, verdict)
             return refusal
         return self._enqueue(ask, choose, verdict)
 
-    def _must_wait(self, model: str, candidates: Sequence[Engine]) -> bool:
-        """Whether a request for `model` would wait: others wait already, or no engine has room."""
+    def _room(self, model: str, candidates: Sequence[Engine]) -> list[Engine]:
+        """The engines a request for `model` may go to now: none while others wait for one
+        (they go first), else the `candidates` with room."""
         queue = self._queues.get(model)
         if queue is not None and len(queue):
-            return True
-        return not any(self._has_room(engine) for engine in candidates)
+            return []
+        return [engine for engine in candidates if self._has_room(engine)]
 
     def _has_room(self, engine: Engine) -> bool:
         capacity = engine.load.capacity
