@@ -30,8 +30,9 @@ class _Recorded:
     def tenant_request(self, tenant: Tenant, outcome: str) -> None:
         self.outcomes.append((tenant.name, outcome))
 
-    def tenant_queued(self, tenant: Tenant, seconds: float) -> None:
-        self.queued.append((tenant.name, seconds))
+    def tenant_admitted(self, tenant: Tenant, waited: float) -> None:
+        self.outcomes.append((tenant.name, "admitted"))
+        self.queued.append((tenant.name, waited))
 
     def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None:
         self.tokens.append((tenant.name, prompt, completion))

@@ -22,12 +22,11 @@ def test_a_tenant_the_file_no_longer_names_counts_as_other() -> None:
     names = {"names": frozenset({"default", "chat"})}
     metrics = TenantMetrics(lambda: names["names"])
     chat, gone = Tenant("chat"), Tenant("gone")
-    metrics.tenant_request(chat, "admitted")
-    metrics.tenant_request(gone, "admitted")
+    metrics.tenant_admitted(chat, 0.0)
     metrics.tenant_tokens(chat, 7, 3)
-    metrics.tenant_queued(gone, 0.5)
-    metrics.tenant_queued(gone, 0.0)
-    metrics.tenant_queued(gone, 99.0)
+    metrics.tenant_admitted(gone, 0.5)
+    metrics.tenant_admitted(gone, 0.0)
+    metrics.tenant_admitted(gone, 99.0)
     names["names"] = frozenset({"default", "chat", "new"})  # a reload adds a tenant
     metrics.tenant_request(Tenant("new", priority=3), "shed")
     fleet = ready_fleet(spec("a"))
@@ -39,7 +38,7 @@ def test_a_tenant_the_file_no_longer_names_counts_as_other() -> None:
         return samples.get((name, tuple(sorted(labels.items()))))
 
     assert sample("headcount_tenant_requests_total", tenant="chat", outcome="admitted") == 1
-    assert sample("headcount_tenant_requests_total", tenant="other", outcome="admitted") == 1
+    assert sample("headcount_tenant_requests_total", tenant="other", outcome="admitted") == 3
     assert sample("headcount_tenant_requests_total", tenant="gone", outcome="admitted") is None
     assert sample("headcount_tenant_requests_total", tenant="new", outcome="shed") == 1
     assert sample("headcount_tenant_tokens_total", tenant="chat", kind="prompt") == 7

@@ -29,6 +29,7 @@ class Request:
         "client",
         "headers",
         "http11",
+        "identity",
         "is_head",
         "keep_alive",
         "method",
@@ -59,6 +60,9 @@ class Request:
         self.keep_alive = keep_alive
         self.client = client
         self.is_head = method == b"HEAD"
+        self.identity: object = None
+        """Who the head screen found the request comes from, for its handler (the data
+        plane's business: its key's tenant); None when it noted nothing."""
 
 
 class ExchangeListener(Protocol):

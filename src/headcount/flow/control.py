@@ -49,9 +49,11 @@ _TICK = 0.25
 class FlowMetrics(Protocol):
     """What flow control counts (`surfaces/metrics.py` implements it)."""
 
-    def tenant_request(self, tenant: Tenant, outcome: str) -> None: ...
+    def tenant_request(self, tenant: Tenant, outcome: str) -> None:
+        """A request of `tenant` was not admitted: `outcome` says why."""
 
-    def tenant_queued(self, tenant: Tenant, seconds: float) -> None: ...
+    def tenant_admitted(self, tenant: Tenant, waited: float) -> None:
+        """A request of `tenant` was sent on to an engine after `waited` seconds in the queue."""
 
     def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None: ...
 
@@ -218,8 +220,7 @@ class FlowControl:
             if engine is None:
                 self._give_back(ask, verdict)
                 return self._refuse(ask, "no_engine", "the routing policy chose no engine", 1.0)
-            self._metrics.tenant_queued(ask.tenant, 0.0)
-            return self._grant(ask, engine, verdict)
+            return self._grant(ask, engine, verdict, 0.0)
         refusal = self._cannot_wait(ask)
         if refusal is not None:
             self._give_back(ask, verdict)
@@ -232,17 +233,24 @@ class FlowControl:
         queue = self._queues.get(model)
         if queue is not None and len(queue):
             return []
-        return [engine for engine in candidates if self._has_room(engine)]
+        busy = self._busy
+        return [
+            engine
+            for engine in candidates
+            if (capacity := engine.load.capacity) is None or busy.get(engine.id, 0) < capacity
+        ]
 
     def _has_room(self, engine: Engine) -> bool:
         capacity = engine.load.capacity
         return capacity is None or self._busy.get(engine.id, 0) < capacity
 
-    def _grant(self, ask: Ask, engine: Engine, verdict: Verdict | None) -> Grant:
-        name = ask.tenant.name
-        self._active[name] = self._active.get(name, 0) + 1
-        self._busy_add(engine.id, 1)
-        self._metrics.tenant_request(ask.tenant, "admitted")
+    def _grant(self, ask: Ask, engine: Engine, verdict: Verdict | None, waited: float) -> Grant:
+        tenant = ask.tenant
+        if tenant.max_concurrency:
+            self._active_add(tenant.name, 1)
+        busy, engine_id = self._busy, engine.id
+        busy[engine_id] = busy.get(engine_id, 0) + 1
+        self._metrics.tenant_admitted(tenant, waited)
         return Grant(engine, Ticket(self, ask, engine.id, verdict))
 
     def _refuse(
@@ -277,7 +285,8 @@ class FlowControl:
             cost=ask.tokens,
         )
         self._queued += 1
-        self._active[tenant.name] = self._active.get(tenant.name, 0) + 1
+        if tenant.max_concurrency:
+            self._active_add(tenant.name, 1)
         waiting.timer = loop.call_later(self._settings.queue_timeout, self._expire, waiting)
         future.add_done_callback(lambda _: self._left(waiting))
         if self._tick is None:
@@ -311,7 +320,9 @@ class FlowControl:
         """`waiting` is out of its queue (removed or popped): counts and timer follow."""
         waiting.entry = None
         self._queued -= 1
-        self._active_add(waiting.ask.tenant.name, -1)
+        tenant = waiting.ask.tenant
+        if tenant.max_concurrency:
+            self._active_add(tenant.name, -1)
         timer = waiting.timer
         if timer is not None:
             waiting.timer = None
@@ -381,8 +392,8 @@ class FlowControl:
                         )
                     )
                     continue
-                self._metrics.tenant_queued(waiting.ask.tenant, now - waiting.since)
-                waiting.future.set_result(self._grant(waiting.ask, engine, waiting.verdict))
+                granted = self._grant(waiting.ask, engine, waiting.verdict, now - waiting.since)
+                waiting.future.set_result(granted)
                 if not self._has_room(engine):
                     room = [e for e in room if e is not engine]
 
@@ -398,7 +409,7 @@ class FlowControl:
             self._busy[engine_id] = busy
         else:
             self._busy.pop(engine_id, None)
-        if delta < 0:
+        if delta < 0 and self._queued:
             self._soon()
 
     def _active_add(self, tenant: str, delta: int) -> None:
@@ -409,12 +420,13 @@ class FlowControl:
             self._active.pop(tenant, None)
 
     def ended(self, ticket: Ticket, prompt: int | None, completion: int | None) -> None:
-        name = ticket.tenant.name
+        tenant = ticket.tenant
         self._busy_add(ticket.engine_id, -1)
-        self._active_add(name, -1)
+        if tenant.max_concurrency:  # counted only where there is a limit to hold
+            self._active_add(tenant.name, -1)
         if prompt is None and completion is None:
             return
-        used = (prompt or 0) + (completion or 0)
-        self._metrics.tenant_tokens(ticket.tenant, prompt or 0, completion or 0)
+        self._metrics.tenant_tokens(tenant, prompt or 0, completion or 0)
         if ticket.reserved > 0:
-            self.store.settle(name, ticket.window, used - ticket.reserved)
+            used = (prompt or 0) + (completion or 0)
+            self.store.settle(tenant.name, ticket.window, used - ticket.reserved)

@@ -294,8 +294,11 @@ class Proxy:
         keys = self._credentials.client_keys
         path = request.path
         if path in _PROXIED:
-            if keys is not None and not keys.admits(request.headers):
-                return self._unauthorized
+            if keys is not None:
+                tenant = keys.tenant(request.headers)
+                if tenant is None:
+                    return self._unauthorized
+                request.identity = tenant  # flow control needs no second look at the key
             return None if request.method == b"POST" else self._wrong_method
         if (
             keys is None

@@ -24,7 +24,6 @@ from headcount.auth.tenants import Tenant, effective_priority
 from headcount.flow.control import FlowControl
 from headcount.flow.ticket import Ask, Refusal
 from headcount.proxy.errors import ErrorAnswer
-from headcount.proxy.headers import find_header
 from headcount.proxy.usage import ask_usage
 
 __all__ = ["DEFAULT_COMPLETION_RESERVE", "Demand", "demand_of", "refusal_answer"]
@@ -66,9 +65,18 @@ def demand_of(
     """`request`'s demand; `body` its parsed JSON when read on the loop (None: read by a
     worker, whose answer is only its model: the default reserve, usage not asked)."""
     headers = request.headers
-    tenant = credentials.tenant_of(headers)
-    priority = effective_priority(tenant, find_header(headers, _OBJECTIVE), credentials.tenants)
-    flow = (find_header(headers, _FAIRNESS_ID) or b"")[:_FLOW_MAX].decode("latin-1")
+    tenant = request.identity
+    if not isinstance(tenant, Tenant):  # open mode: the screen found no key to note
+        tenant = credentials.tenant_of(headers)
+    objective = flow = None
+    for name, value in headers:  # one pass for both headers: most requests carry neither
+        if name == _OBJECTIVE:
+            objective = value
+        elif name == _FAIRNESS_ID:
+            flow = value[:_FLOW_MAX].decode("latin-1")
+    priority = tenant.priority
+    if objective is not None:
+        priority = effective_priority(tenant, objective, credentials.tenants)
     completion, forward = DEFAULT_COMPLETION_RESERVE, None
     if request.path in _NO_COMPLETION:
         completion = 0
@@ -76,7 +84,7 @@ def demand_of(
         completion = _completion_reserve(body)
         if body.get("stream") is True:
             forward = ask_usage(body, request.body)
-    return Demand(control, tenant, priority, flow, completion, len(request.body), forward)
+    return Demand(control, tenant, priority, flow or "", completion, len(request.body), forward)
 
 
 def _completion_reserve(body: Mapping[str, Any]) -> int:

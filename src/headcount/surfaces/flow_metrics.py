@@ -34,7 +34,6 @@ __all__ = ["OTHER_TENANT", "QUEUE_BUCKETS", "FlowCollector", "TenantCounts", "Te
 
 OTHER_TENANT = "other"
 QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_KINDS = ("prompt", "completion")
 
 
 class _Waits:
@@ -62,41 +61,51 @@ class TenantMetrics:
         """`names`: the tenants the file in force holds (read again when a name is new)."""
         self._names = names
         self._known: frozenset[str] = frozenset()
-        self._labels: dict[Tenant, str] = {}
-        """Per tenant, its label (a reloaded file's tenants are new keys, labelled afresh)."""
+        self._labels: dict[int, tuple[Tenant, str]] = {}
+        """Per tenant object, its label (a reloaded file's tenants are new objects, labelled
+        afresh); keyed by identity, the tenant kept so that its id is not reused."""
         self._requests: dict[tuple[str, str], int] = {}
         self._tokens: dict[tuple[str, str], int] = {}
         self._waits: dict[str, _Waits] = {}
 
     def _label(self, tenant: Tenant) -> str:
-        label = self._labels.get(tenant)
-        if label is None:
-            if len(self._labels) > 10_000:  # reloads make new tenants: bound the cache
-                self._labels.clear()
-            name = tenant.name
-            if name not in self._known:
-                self._known = self._names()
-            label = self._labels[tenant] = name if name in self._known else OTHER_TENANT
+        known = self._labels.get(id(tenant))
+        if known is not None:
+            return known[1]
+        if len(self._labels) > 10_000:  # reloads make new tenants: bound the cache
+            self._labels.clear()
+        name = tenant.name
+        if name not in self._known:
+            self._known = self._names()
+        label = name if name in self._known else OTHER_TENANT
+        self._labels[id(tenant)] = (tenant, label)
         return label
 
     def tenant_request(self, tenant: Tenant, outcome: str) -> None:
         key = (self._label(tenant), outcome)
         self._requests[key] = self._requests.get(key, 0) + 1
 
-    def tenant_queued(self, tenant: Tenant, seconds: float) -> None:
+    def tenant_admitted(self, tenant: Tenant, waited: float) -> None:
         label = self._label(tenant)
+        key = (label, "admitted")
+        self._requests[key] = self._requests.get(key, 0) + 1
         waits = self._waits.get(label)
         if waits is None:
             waits = self._waits[label] = _Waits()
-        waits.buckets[bisect_left(QUEUE_BUCKETS, seconds)] += 1
-        waits.total += seconds
+        if waited:
+            waits.buckets[bisect_left(QUEUE_BUCKETS, waited)] += 1
+            waits.total += waited
+        else:  # most requests: no wait at all
+            waits.buckets[0] += 1
 
     def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None:
-        label = self._label(tenant)
-        for kind, count in zip(_KINDS, (prompt, completion), strict=True):
-            if count:
-                key = (label, kind)
-                self._tokens[key] = self._tokens.get(key, 0) + count
+        label, tokens = self._label(tenant), self._tokens
+        if prompt:
+            key = (label, "prompt")
+            tokens[key] = tokens.get(key, 0) + prompt
+        if completion:
+            key = (label, "completion")
+            tokens[key] = tokens.get(key, 0) + completion
 
     def counts(self) -> TenantCounts:
         """A copy for one scrape's render thread."""
