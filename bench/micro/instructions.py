@@ -12,10 +12,13 @@ runs meanwhile. Chat counts repeat within about 0.5 %; stream counts move a few
 percent, as how the engine's chunks fall into reads depends on timing.
 
 `--baseline REV` counts headcount at a git revision the same way (its `src/`
-only; the engines and this script are today's). Needs Debian's `valgrind`.
+only; the engines and this script are today's). `--flow` counts, beside each
+target, the same router with flow control on (`--tenants-file` holding only an
+unlimited `[default]` tenant: every request is metered, none waits or is
+refused). Needs Debian's `valgrind`.
 
 Usage: `.venv/bin/python -m bench.micro.instructions [--kind chat,stream]
-[--requests 1200] [--baseline REV ...]`.
+[--requests 1200] [--baseline REV ...] [--flow]`.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ def count(
     engines: list[str],
     requests: int,
     stream: bool,
+    extra: tuple[str, ...] = (),
 ) -> int:
     """The router's total instructions for a run that proxies `requests` requests."""
     port = free_port()
@@ -125,6 +129,7 @@ def count(
         f"--backends={','.join(engines)}",
         "--probe-interval=3600",
         "--log-level=warning",
+        *extra,
     ]
     router = procs.start(f"{name}-{requests}", command, port=port)
     request = _request(stream)
@@ -160,15 +165,24 @@ def main() -> int:
     parser.add_argument("--kind", default="chat,stream", help="comma list of chat, stream")
     parser.add_argument("--requests", type=int, default=1200, help="requests in the long run")
     parser.add_argument("--baseline", action="append", default=[], metavar="REV")
+    parser.add_argument("--flow", action="store_true", help="also with a tenants file")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise BenchError("valgrind not found: apt-get install valgrind")
     # One string hash seed for every run: dict and set layouts, and so their costs, alike.
     os.environ["PYTHONHASHSEED"] = "0"
-    targets = [("headcount", (sys.executable, "-m", "headcount.cli"))]
+    programs = [("headcount", (sys.executable, "-m", "headcount.cli"))]
     for rev in args.baseline:
         commit, program = headcount_at(rev, OUT)
-        targets.append((f"headcount@{commit}", program))
+        programs.append((f"headcount@{commit}", program))
+    targets: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+        (name, program, ()) for name, program in programs
+    ]
+    if args.flow:
+        tenants = OUT / "instructions-tenants.toml"
+        tenants.write_text("[default]\n")
+        flow = (f"--tenants-file={tenants}",)
+        targets += [(f"{name}+flow", program, flow) for name, program in programs]
     short = args.requests // 3
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with Processes(OUT / f"instructions-{stamp}-logs") as procs:
@@ -182,10 +196,10 @@ def main() -> int:
             urls.append(f"http://127.0.0.1:{port}")
         print("| target | kind | instructions per request |\n|---|---|--:|")
         for kind in args.kind.split(","):
-            for name, program in targets:
+            for name, program, extra in targets:
                 say(f"{name} {kind}: {short} and {args.requests} requests under valgrind")
                 runs = [
-                    count(procs, f"{name}-{kind}", program, urls, size, kind == "stream")
+                    count(procs, f"{name}-{kind}", program, urls, size, kind == "stream", extra)
                     for size in (short, args.requests)
                 ]
                 print(f"| {name} | {kind} | {(runs[1] - runs[0]) // (args.requests - short):,} |")

@@ -152,7 +152,11 @@ class FlowControl:
             refusal = self._cannot_wait(ask)
             if refusal is not None:
                 return refusal
-        if not tenant.rate_limited:
+        if not (tenant.requests_per_minute or tenant.tokens_per_minute):
+            if room:  # the common case, kept short: an engine has room, no limit to judge
+                engine = choose(room)
+                if engine is not None:
+                    return self._grant(ask, engine, None, 0.0)
             return self._place(ask, room, choose, None)
         judged = self.store.take(
             Charge(name, tenant.requests_per_minute, tenant.tokens_per_minute, ask.tokens)

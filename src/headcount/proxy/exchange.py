@@ -80,7 +80,7 @@ from headcount.proxy.errors import (
 from headcount.proxy.headers import find_header, response_headers
 from headcount.proxy.metering import TappedResponder
 from headcount.proxy.stalls import StallWatch
-from headcount.proxy.usage import UsageTap
+from headcount.proxy.usage import UsageTap, usage_of
 from headcount.routing import Policy, RequestFeatures
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, Metrics, whole
@@ -374,10 +374,7 @@ class Exchange:
                 ticket = self._ticket
                 if ticket is not None:
                     block += ticket.headers
-                    tap = UsageTap.for_response(
-                        find_header(head.headers, b"content-type"), ticket.drop_usage
-                    )
-                    self._responder = TappedResponder(self._responder, tap)
+                    self._meter(ticket, head, body, complete)
                 self._responder.start(
                     head.status, head.reason, block, head.content_length, body, complete
                 )
@@ -548,6 +545,17 @@ class Exchange:
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)
         if context.access.wants(status >= 500 or outcome == CUT or self._failovers > 0):
             context.access.write(self._entry(status, outcome, duration))
+
+    def _meter(self, ticket: Ticket, head: ResponseHead, body: bytes, complete: bool) -> None:
+        """Read the tokens the answer reports: at once from an answer whole in its first read
+        (the common unstreamed one), else through a tap in front of the client's responder."""
+        if complete and not ticket.drop_usage:
+            numbers = usage_of(body)
+            if numbers is not None:
+                ticket.done(*numbers)
+            return
+        tap = UsageTap.for_response(find_header(head.headers, b"content-type"), ticket.drop_usage)
+        self._responder = TappedResponder(self._responder, tap)
 
     def _settle(self, ticket: Ticket, status: int) -> None:
         """Give flow control its hold back, with the tokens the answer reported; an answer

@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["UsageTap", "ask_usage", "client_asks_usage"]
+__all__ = ["UsageTap", "ask_usage", "client_asks_usage", "usage_of"]
 
 _USAGE = b'"usage":{'
 _OPEN = len(_USAGE) - 1
@@ -186,34 +186,37 @@ class UsageTap:
 
     def _read_tail(self, tail: bytes) -> bool:
         """Read the numbers of the last `usage` object in `tail` that has them; False if none."""
-        end = len(tail)
-        for _ in range(_ATTEMPTS):
-            found = tail.rfind(_USAGE, 0, end)
-            if found < 0:
-                return False
-            start = found + _OPEN
-            layout = _VLLM_USAGE.match(tail, start)
-            if layout is not None:
-                self.prompt_tokens, self.completion_tokens = int(layout[1]), int(layout[2])
-                return True
-            text = tail[start : start + _USAGE_SPAN].decode("utf-8", "replace")
-            try:
-                usage, _ = _DECODER.raw_decode(text)
-            except ValueError:
-                usage = None
-            if isinstance(usage, dict) and self._take(usage):
-                return True
-            end = found
-        return False
-
-    def _take(self, usage: dict[str, Any]) -> bool:
-        """Keep the numbers of one `usage` object; False when it has none."""
-        prompt = _count(usage.get("prompt_tokens"))
-        completion = _count(usage.get("completion_tokens"))
-        if prompt is None and completion is None:
+        numbers = usage_of(tail)
+        if numbers is None:
             return False
-        self.prompt_tokens, self.completion_tokens = prompt, completion
+        self.prompt_tokens, self.completion_tokens = numbers
         return True
+
+
+def usage_of(tail: bytes) -> tuple[int | None, int | None] | None:
+    """The prompt and completion tokens of the last `usage` object in `tail` that has either
+    (a whole answer, or the end of one); None when none has."""
+    end = len(tail)
+    for _ in range(_ATTEMPTS):
+        found = tail.rfind(_USAGE, 0, end)
+        if found < 0:
+            return None
+        start = found + _OPEN
+        layout = _VLLM_USAGE.match(tail, start)
+        if layout is not None:
+            return int(layout[1]), int(layout[2])
+        text = tail[start : start + _USAGE_SPAN].decode("utf-8", "replace")
+        try:
+            usage, _ = _DECODER.raw_decode(text)
+        except ValueError:
+            usage = None
+        if isinstance(usage, dict):
+            prompt = _count(usage.get("prompt_tokens"))
+            completion = _count(usage.get("completion_tokens"))
+            if prompt is not None or completion is not None:
+                return prompt, completion
+        end = found
+    return None
 
 
 def _count(value: object) -> int | None:
