@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from headcount.config import FlowSettings
 from headcount.fleet import EngineLoad
+from headcount.fleet.capacity import Capacity
 from headcount.sim.cluster.polling import wait_until
 from headcount.sim.engine.config import EngineSimConfig
 from headcount.sim.engine.server import running_engine
@@ -171,13 +172,13 @@ async def test_the_router_learns_an_engines_capacity_when_it_begins_to_queue(
 ) -> None:
     slow = EngineSimConfig(max_running=1, token_delay=0.05)
     async with _one_engine(tmp_path, slow, probe_interval=0.05) as (running, load):
-        assert load.capacity is None
+        assert load.concurrency.value is None
         both = [
             running.post("/v1/chat/completions", _chat(max_tokens=20), _auth("sk-batch"))
             for _ in range(2)
         ]
         learning = asyncio.gather(*both)
-        await wait_until(lambda: load.capacity == 1, timeout=10, interval=0.01)
+        await wait_until(lambda: load.concurrency.value == 1, timeout=10, interval=0.01)
         assert [status for status, _, _ in await learning] == [200, 200]
         metrics = (await running.get("/metrics", "sk-batch"))[1]
         assert "headcount_engine_capacity{" in metrics
@@ -188,7 +189,9 @@ async def test_when_every_engine_is_full_the_higher_priority_is_served_first(
 ) -> None:
     slow = EngineSimConfig(max_running=1, token_delay=0.05)
     async with _one_engine(tmp_path, slow, probe_interval=600) as (running, load):
-        load.capacity = 1  # as learned (above); no probe comes to change it in this test
+        load.concurrency = Capacity(
+            1
+        )  # as learned (above); no probe comes to change it in this test
         flow = running.router.flow
         assert flow is not None
         finished: list[str] = []
@@ -216,7 +219,7 @@ async def test_a_queue_timeout_is_a_503_with_retry_after(tmp_path: Path) -> None
     slow = EngineSimConfig(max_running=1, token_delay=0.2)
     timeout = FlowSettings(queue_timeout=0.2)
     async with _one_engine(tmp_path, slow, probe_interval=600, flow=timeout) as (running, load):
-        load.capacity = 1  # as learned; no probe comes to change it in this test
+        load.concurrency = Capacity(1)  # as learned; no probe comes to change it in this test
         long = asyncio.ensure_future(
             running.post("/v1/chat/completions", _chat(max_tokens=10), _auth("sk-batch"))
         )

@@ -10,6 +10,7 @@ import pytest
 from headcount.auth.tenants import Tenant
 from headcount.config import FlowSettings
 from headcount.fleet import Engine, Fleet
+from headcount.fleet.capacity import Capacity
 from headcount.flow.control import FlowControl
 from headcount.flow.limits import Charge, StoreHealth, Verdict
 from headcount.flow.ticket import Ask, Grant, Refusal
@@ -56,7 +57,7 @@ class _Unlimited:
 def _fleet(*capacities: int | None) -> Fleet:
     fleet = ready_fleet(*(spec(f"e{n}") for n in range(len(capacities))))
     for engine, capacity in zip(fleet.snapshot.engines, capacities, strict=True):
-        engine.load.capacity = capacity
+        engine.load.concurrency = Capacity(capacity)
     return fleet
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from headcount.auth.tenants import Tenant
+from headcount.fleet.capacity import Capacity
 from headcount.flow.limits import StoreHealth
 from headcount.surfaces.flow_metrics import FlowCollector, TenantMetrics
 from tests.support.builders import ready_fleet, spec
@@ -54,7 +55,7 @@ def test_a_tenant_the_file_no_longer_names_counts_as_other() -> None:
 
 def test_a_scrape_reads_depths_learned_capacities_and_the_store() -> None:
     fleet = ready_fleet(spec("a"), spec("b"))
-    fleet.snapshot.engines[0].load.capacity = 6
+    fleet.snapshot.engines[0].load.concurrency = Capacity(6)
     empty = TenantMetrics(frozenset).counts()
     store = StoreHealth("r", False, "x", 4)
     samples = _samples(FlowCollector(empty, {10: 2, -1: 1}, fleet.snapshot, store))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from headcount.fleet.capacity import Capacity
 from headcount.fleet.outliers import NOT_EJECTED, Ejection
 from headcount.fleet.vllm_load import VllmLoad
 
@@ -98,9 +99,8 @@ class EngineLoad:
     progress: float | None = None
     """Scraped prompt plus generated tokens processed, ever (vLLM's token counters), None when
     the engine exports neither: they move while it works, even with no answer to send yet."""
-    capacity: int | None = None
-    """Requests the engine runs at once, learned from its gauges (`capacity.py`); None until
-    it first queues."""
+    concurrency: Capacity = field(default_factory=Capacity)
+    """Requests the engine runs at once, as learned from its gauges (`capacity.py`)."""
     scrapes: int = 0
     """Probes recorded, each setting the scraped figures: tells a fresh `progress` from one
     already seen."""

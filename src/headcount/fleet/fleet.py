@@ -250,7 +250,7 @@ class Fleet:
             load.kv_capacity_blocks = scraped.kv_capacity_blocks
             load.kv_block_size = scraped.kv_block_size
             load.progress = scraped.progress
-            load.capacity = learn_capacity(load.capacity, scraped.running, scraped.waiting)
+            load.concurrency = learn_capacity(load.concurrency, scraped.running, scraped.waiting)
             load.scrapes += 1
             ejection = engine.ejection
             if engine.probe_failures and ejection.active(now := self._now()):

@@ -241,11 +241,12 @@ class FlowControl:
         return [
             engine
             for engine in candidates
-            if (capacity := engine.load.capacity) is None or busy.get(engine.id, 0) < capacity
+            if (capacity := engine.load.concurrency.value) is None
+            or busy.get(engine.id, 0) < capacity
         ]
 
     def _has_room(self, engine: Engine) -> bool:
-        capacity = engine.load.capacity
+        capacity = engine.load.concurrency.value
         return capacity is None or self._busy.get(engine.id, 0) < capacity
 
     def _grant(self, ask: Ask, engine: Engine, verdict: Verdict | None, waited: float) -> Grant:

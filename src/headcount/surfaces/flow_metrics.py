@@ -125,9 +125,9 @@ class FlowCollector:
         self._counts = counts
         self._depths = depths
         self._capacities = [
-            (engine.spec.name, engine.load.capacity)
+            (engine.spec.name, engine.load.concurrency.value)
             for engine in snapshot.engines
-            if engine.load.capacity is not None
+            if engine.load.concurrency.value is not None
         ]
         self._store = store
 
