@@ -26,10 +26,11 @@ Method (the numbers are only as good as this):
   a 30 s timeout, refill 1/s; global, not per key, no priority, no token limits).
 - Per target: load points first (interactive plus the batch flood at each
   `--points` multiple of capacity, for the plot), then the main run: every tenant
-  at the 3x flood. Each run waits for the engines to be idle, warms up (and, in
-  the main run, waits until `capped` has been refused once and admitted again:
-  a per-minute window starts with a whole minute's allowance, and only from then
-  on is its rate the limit's), then measures a window of two parts (`sheddable`
+  at the 3x flood (`fleet-alone`: one run, twice a load point's window). Each run
+  waits for the engines to be idle, warms up (and, in headcount-flow's main run,
+  until `capped` has been refused once and admitted again, up to 75 s: a
+  per-minute window starts with a whole minute's allowance, and only from then on
+  is its rate the limit's), then measures a window of two parts (`sheddable`
   sends in the second), stops every sender at its end and waits `--drain` s for
   the requests still open. Requests are counted by when they were sent.
 - Reported per target and tenant: sent, served (200 and the stream to
@@ -43,7 +44,7 @@ Method (the numbers are only as good as this):
   most the unloaded p90 plus one service time; batch shares within 10 % of the
   weights'; `capped` within 5 % of its `tokens_per_minute`; every `sheddable`
   request refused at once (429 within 0.1 s) while the fleet is saturated; 0
-  lost over the whole run.
+  lost over every run of the target (warm-ups and load points included).
 
 Usage: `.venv/bin/python -m bench.overload [--full] [--targets a,b] [--points 1,2]
 [--duration S] [--require-peers]`; `make bench-overload`. Quick (the default) is about

@@ -118,9 +118,8 @@ def _report(
 ) -> str:
     table = [row for each in measured for row in rows(each)]
     lost = {
-        each.target.name: sum(1 for o in each.main.outcomes if o.lost)
+        each.target.name: sum(1 for run in each.points.values() for o in run.outcomes if o.lost)
         for each in measured
-        if each.main is not None
     }
     first, second = settings.phases_s
     tenants = "; ".join(

@@ -202,7 +202,7 @@ def checks(table: Sequence[TenantRow], lost_anywhere: dict[str, int]) -> list[Ch
         out.append(
             Check(
                 target,
-                "requests lost (no answer, dropped, cut), whole run",
+                "requests lost (no answer, dropped, cut), every run",
                 str(lost_anywhere.get(target, 0)),
                 "0",
                 lost_anywhere.get(target, 0) == 0,

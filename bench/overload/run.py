@@ -92,8 +92,8 @@ def _settle(engines: Sequence[Engine]) -> None:
 def _plans(target: Target, settings: Settings) -> list[tuple[float, Plan]]:
     """(flood, plan) in the order run: the load points, lowest first, then the main run."""
     if target.alone:
-        alone = Plan((INTERACTIVE,), 0.0, settings.warmup_s, settings.phases_s, settings.drain_s)
-        return [(0.0, alone)]
+        window = (2 * settings.point_s, 0.0)
+        return [(0.0, Plan((INTERACTIVE,), 0.0, settings.warmup_s, window, settings.drain_s))]
     plans = [
         (
             flood,
@@ -107,7 +107,8 @@ def _plans(target: Target, settings: Settings) -> list[tuple[float, Plan]]:
         )
         for flood in sorted(settings.points)
     ]
-    main = Plan(TENANTS, FULL_FLOOD, settings.warmup_s, settings.phases_s, settings.drain_s, CAPPED)
+    steady = CAPPED if target.limits else None
+    main = Plan(TENANTS, FULL_FLOOD, settings.warmup_s, settings.phases_s, settings.drain_s, steady)
     return [*plans, (FULL_FLOOD, main)]
 
 

@@ -33,6 +33,8 @@ class Target:
     peer: bool = False
     alone: bool = False
     """Only the interactive tenant sends: its TTFT on a fleet with room."""
+    limits: bool = False
+    """Holds `capped` to its tokens per minute: the main run waits until that is steady."""
 
 
 def _headcount(port: int, _: int, engines: Sequence[Engine], __: Path) -> list[str]:
@@ -77,6 +79,7 @@ TARGETS: tuple[Target, ...] = (
         HEADCOUNT_BIN,
         _headcount_flow,
         "`--tenants-file` (bench/overload/tenants.py), every other flow flag at its default",
+        limits=True,
     ),
     Target(
         "vllm-router",

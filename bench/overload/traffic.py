@@ -35,7 +35,7 @@ __all__ = ["FULL_FLOOD", "Outcome", "Plan", "Traffic", "run_traffic"]
 FULL_FLOOD = 3.0
 """The flood `TenantLoad.workers` is sized for, in multiples of the fleet's capacity."""
 RETRY_CAP_S = 0.25
-REFUSAL_WAIT_S = 12.0
+REFUSAL_WAIT_S = 20.0
 """With `Plan.steady`: how long to wait for that tenant's first refusal (none: unlimited)."""
 STEADY_MAX_S = 75.0
 """...and for its first admission after it (a minute's window has turned)."""
