@@ -183,7 +183,8 @@ def _run(settings: Settings) -> int:
             try:
                 measured.append(run_target(procs, target, engines, settings, log_dir))
             except BenchError as error:
-                skipped[target.name] = str(error).splitlines()[0]
+                lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+                skipped[target.name] = " ... ".join(dict.fromkeys([lines[0], lines[-1]]))
                 say(f"{target.name} not measured: {error}")
     report = _report(
         measured, skipped, settings, started.strftime("%Y-%m-%d %H:%M"), time.monotonic() - began

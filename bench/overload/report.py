@@ -81,6 +81,10 @@ def _s(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+def _statuses(refused: dict[int, int]) -> str:
+    return " ".join(f"{status}: {n}" for status, n in refused.items()) or "0"
+
+
 def _shares(table: Sequence[TenantRow]) -> dict[str, float]:
     batch = {row.tenant: row.served for row in table if row.tenant in {t.name for t in BATCH}}
     total = sum(batch.values())
@@ -108,7 +112,7 @@ def render_table(table: Sequence[TenantRow]) -> str:
     for target_rows in by_target.values():
         shares = _shares(target_rows)
         for row in target_rows:
-            refused = " ".join(f"{status}: {n}" for status, n in row.refused.items()) or "0"
+            refused = _statuses(row.refused)
             share = (
                 f"{100 * shares[row.tenant]:.1f} % ({100 * _weight_share(row.tenant):.1f} %)"
                 if row.tenant in shares
@@ -193,7 +197,7 @@ def checks(table: Sequence[TenantRow], lost_anywhere: dict[str, int]) -> list[Ch
             Check(
                 target,
                 f"{SHEDDABLE.name} while the fleet is saturated",
-                f"{shed.served} served, refused {shed.refused or 0}, "
+                f"{shed.served} served, refused {_statuses(shed.refused)}, "
                 f"refusal p99 {_s(shed.refusal_p99_s)} s",
                 f"none served, every one refused at once (429 within {SHED_AT_ONCE_S:g} s)",
                 shed.sent > 0 and shed.served == 0 and shed.lost == 0 and at_once and only_429,
