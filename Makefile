@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
+REDIS_SERVER := .cache/redis/usr/bin/redis-server
 
 install: $(STAMP)
 
@@ -28,6 +29,17 @@ $(PROMTOOL):
 	rm -f .cache/prometheus/*.deb
 	test -x $(PROMTOOL)
 
+# Debian's redis-server for the limits store's tests: the package redis-server holds the
+# name (a link) and redis-tools the binary; the libraries it needs that a slim system may
+# lack are extracted beside it, and tests/support/redis.py puts them on LD_LIBRARY_PATH.
+REDIS_DEBS := redis-server redis-tools liblzf1 libjemalloc2 libatomic1
+$(REDIS_SERVER):
+	mkdir -p .cache/redis
+	cd .cache/redis && (apt-get download $(REDIS_DEBS) || (apt-get update -qq && apt-get download $(REDIS_DEBS)))
+	for deb in .cache/redis/*.deb; do dpkg-deb -x "$$deb" .cache/redis || exit 1; done
+	rm -f .cache/redis/*.deb
+	LD_LIBRARY_PATH=$$(echo $(abspath .cache/redis)/usr/lib/*-linux-gnu) $(REDIS_SERVER) --version
+
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "headcount needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +54,9 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install $(KUBECTL) $(PROMTOOL)
+pytest: install $(KUBECTL) $(PROMTOOL) $(REDIS_SERVER)
 	HEADCOUNT_KUBECTL=$(abspath $(KUBECTL)) HEADCOUNT_PROMTOOL=$(abspath $(PROMTOOL)) \
+		HEADCOUNT_REDIS_SERVER=$(abspath $(REDIS_SERVER)) \
 		$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest

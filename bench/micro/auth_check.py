@@ -1,8 +1,10 @@
 """What an API key check adds to one request: a micro-benchmark of the hot-path pieces.
 
-With `--api-keys-file`, every request pays `ApiKeys.admits` (find the one
-`Authorization` header, one SHA-256 of the key, one set lookup of its digest),
-and with keys or an engine key, `forward_headers`
+With `--api-keys-file` (or keys in `--tenants-file`), every request pays
+`ApiKeys.admits` (find the one `Authorization` header, one SHA-256 of the key,
+one dict lookup of its digest); `ApiKeys.tenant` is the same lookup returning
+the key's tenant, and `Credentials.tenant_of` what flow control asks of an open
+router (no key: the default tenant). With keys or an engine key, `forward_headers`
 drops the client's `Authorization` and adds the engine's. This measures each
 on realistic header lists (an `openai` SDK request: 9 headers) beside the
 same call without authentication, in one process with `timeit`, best of
@@ -19,7 +21,7 @@ import functools
 import timeit
 from collections.abc import Callable
 
-from headcount.auth import parse_api_keys, parse_engine_key
+from headcount.auth import Credentials, parse_api_keys, parse_engine_key
 from headcount.proxy.headers import forward_headers
 
 KEY = "sk-bench-3f1c9e7a5b2d4c6e8f0a1b3c5d7e9f10"
@@ -63,6 +65,18 @@ def main() -> None:
                 best_ns(functools.partial(keys.admits, HEADERS), number, repeat),
             )
         )
+        rows.append(
+            (
+                f"ApiKeys.tenant, {count} key(s)",
+                best_ns(functools.partial(keys.tenant, HEADERS), number, repeat),
+            )
+        )
+    rows.append(
+        (
+            "Credentials.tenant_of, open",
+            best_ns(functools.partial(Credentials().tenant_of, HEADERS), number, repeat),
+        )
+    )
     engine = parse_engine_key("sk-engine-key")
     rows.append(
         ("forward_headers, no auth", best_ns(lambda: forward_headers(HEADERS, 96), number, repeat))

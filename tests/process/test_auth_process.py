@@ -178,7 +178,7 @@ def serve(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("flag", ["--api-keys-file", "--engine-api-key-file"])
+@pytest.mark.parametrize("flag", ["--api-keys-file", "--engine-api-key-file", "--tenants-file"])
 def test_an_unusable_key_file_stops_serve_with_one_line_naming_the_flag(
     flag: str, tmp_path: Path
 ) -> None:

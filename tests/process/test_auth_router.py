@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 from headcount.config import RoutingName
 from headcount.sim.engine import EngineSimConfig, running_engine
 from tests.support import EngineConnection, raw_engine, wait_until
+from tests.support.key_files import replace_file
 from tests.support.router import CHAT, CLIENT_KEY, HOST, MODEL, TIMEOUT, Running, router_before
 
 __all__: list[str] = []
@@ -39,12 +39,6 @@ async def routable(running: Running, count: int = 1) -> None:
         return len(running.router.fleet.snapshot.routable) == count
 
     await wait_until(ready, what=f"{count} engine(s) routable")
-
-
-def replace_file(path: Path, text: str) -> None:
-    fresh = path.with_suffix(".new")
-    fresh.write_text(text)
-    os.replace(fresh, path)
 
 
 def assert_unauthorized(status: int, text: str, headers: dict[str, str]) -> None:
@@ -201,6 +195,34 @@ async def test_client_keys_reload_when_the_file_changes(
         replace_file(running.keys_file, "")  # emptied, as a file half rewritten in place
         await wait_until(lambda: "no key in the file" in caplog.text, what="the bad file reported")
         assert await running.chat(OTHER_CLIENT_KEY) == 200
+    for secret in SECRETS:
+        assert secret not in caplog.text
+
+
+async def test_a_tenants_files_keys_are_served_like_the_key_files_and_reload_with_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    tenants = f'[[tenant]]\nname = "chat"\nkeys = ["{OTHER_CLIENT_KEY}"]\npriority = 5\n'
+    async with (
+        running_engine(EngineSimConfig(model=MODEL)) as engine,
+        router_before([engine.url], tmp_path, client_keys=None, tenants=tenants) as running,
+    ):
+        await routable(running)
+        assert running.tenants_file is not None
+        assert await running.chat(OTHER_CLIENT_KEY) == 200
+        assert await running.chat(CLIENT_KEY) == 401 and await running.chat(None) == 401
+        replace_file(running.tenants_file, tenants.replace('"]', f'", "{CLIENT_KEY}"]'))
+
+        async def added() -> bool:
+            return await running.chat(CLIENT_KEY) == 200
+
+        await wait_until(added, what="the tenants file's new key admitted")
+        replace_file(running.tenants_file, "[default]\npriority = 1\n")
+        await wait_until(
+            lambda: "would be open to anyone" in caplog.text, what="the keyless file refused"
+        )
+        assert await running.chat(CLIENT_KEY) == 200 and await running.chat(None) == 401
     for secret in SECRETS:
         assert secret not in caplog.text
 

@@ -26,12 +26,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from headcount.sim.engine import (
     EngineSimConfig,
     SimEngine,
+    Timebase,
     add_arguments,
     config_from_args,
     running_engine,
 )
 from headcount.sim.loopback import free_port
-from tests.support import wait_until
+from tests.support import FakeClock, wait_until
+from tests.support.stepped_engine import SteppedEngine
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 
@@ -251,6 +253,56 @@ async def _load_is(
     values = await metric_values(session, url)
     load = (values["vllm:num_requests_running"], values["vllm:num_requests_waiting"])
     return values if load == (running, waiting) else None
+
+
+async def test_requests_beyond_max_running_wait_in_order_and_their_wait_is_in_their_ttft(
+    session: aiohttp.ClientSession,
+) -> None:
+    clock = FakeClock(0.0, sleeps="step")
+    config = EngineSimConfig(token_delay=1.0, max_running=2)  # 3 tokens: 3 s a request
+    async with running_engine(config, Timebase(clock, clock.sleep)) as engine:
+        stepped = SteppedEngine(engine, clock, session)
+        for queued in range(1, 6):
+            await stepped.send(chat_request(max_tokens=3, stream=True), queued=queued)
+        loads = []
+        for _ in range(20):
+            values = await stepped.step()
+            if values is None:
+                break
+            loads.append((values["vllm:num_requests_running"], values["vllm:num_requests_waiting"]))
+        ttfts = [stream.first_token_at for stream in stepped.streams]
+        assert all(stream.tokens == 3 for stream in stepped.streams)
+        final = await stepped.metrics()
+    # two run from 0 to 3 s, two from 3 to 6, the last from 6 to 9: first come first served
+    assert ttfts == [1.0, 1.0, 4.0, 4.0, 7.0]
+    assert loads == [(2, 3)] * 3 + [(2, 1)] * 3 + [(1, 0)] * 3  # at 0..8 s
+    assert (final["vllm:num_requests_running"], final["vllm:num_requests_waiting"]) == (0, 0)
+
+
+async def test_a_request_cancelled_while_waiting_gives_its_turn_to_the_next(
+    session: aiohttp.ClientSession,
+) -> None:
+    clock = FakeClock(0.0, sleeps="step")
+    config = EngineSimConfig(token_delay=1.0, max_running=2)
+    async with running_engine(config, Timebase(clock, clock.sleep)) as engine:
+        stepped = SteppedEngine(engine, clock, session)
+        streams = [
+            await stepped.send(chat_request(max_tokens=3, stream=True), queued=queued)
+            for queued in range(1, 6)
+        ]
+        gone = streams[3].task
+        assert gone is not None
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        values = await wait_until(
+            lambda: _load_is(session, engine.url, running=2, waiting=2), what="one waiting less"
+        )
+        assert values["vllm:num_requests_waiting"] == 2
+        for _ in range(20):
+            if await stepped.step() is None:
+                break
+        assert engine.stats()["disconnects"] == 1
+    assert [stream.first_token_at for stream in streams] == [1.0, 1.0, 4.0, None, 4.0]
 
 
 async def test_metrics_carry_vllm_names_and_model_label(

@@ -25,6 +25,7 @@ from headcount.sim.engine import EngineSimConfig, SimEngine, Timebase, running_e
 from headcount.tokens import builtin_tokenizer
 from tests.support import FakeClock, wait_until
 from tests.support.kv_event_index import KvEventRecorder
+from tests.support.stepped_engine import SteppedEngine
 
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 BS = 4
@@ -194,15 +195,17 @@ async def test_admission_waits_for_blocks_and_reset_for_none_held(
         engine.set_kv_sink(recorder)
         url = f"{engine.url}/v1/completions"
         holder = asyncio.create_task(
-            post(session, url, {"prompt": list(range(8)), "max_tokens": 10})
+            post(session, url, {"prompt": list(range(16)), "max_tokens": 4})
         )
         await wait_until(lambda: _view_with(session, engine, running=1))
-        waiter = asyncio.create_task(post(session, url, {"prompt": [50, 51, 52, 53]}))
+        waiter = asyncio.create_task(
+            post(session, url, {"prompt": list(range(50, 58)), "max_tokens": 4})
+        )
         view = await wait_until(lambda: _view_with(session, engine, running=1, waiting=1))
-        assert (view["usage"], view["reserved_blocks"]) == (2 / 5, 3)  # 8 + 10 - 1 tokens
-        assert view["waiting"] == [{"prompt_tokens": 4, "cached_tokens": 0}]
+        assert view["usage"] == 4 / 5  # the prompt's blocks: its answer's come as it needs them
+        assert view["waiting"] == [{"prompt_tokens": 8, "cached_tokens": 0}]  # two, one is free
         samples = await metrics(session, engine.url)
-        assert samples["vllm:kv_cache_usage_perc"].value == 2 / 5
+        assert samples["vllm:kv_cache_usage_perc"].value == 4 / 5
         assert samples["vllm:num_requests_waiting"].value == 1.0
         status, answer = await post(session, f"{engine.url}/sim/reset_prefix_cache", {})
         assert (status, answer) == (409, {"reset": False})
@@ -242,6 +245,69 @@ async def test_a_request_admitted_behind_anothers_prefill_counts_as_waiting(
         await asyncio.gather(*requests)
     running = samples["vllm:num_requests_running"].value
     assert (running, samples["vllm:num_requests_waiting"].value) == (1.0, 1.0)
+
+
+async def test_kv_usage_follows_the_blocks_tokens_take_and_a_token_without_one_preempts(
+    session: aiohttp.ClientSession,
+) -> None:
+    clock = FakeClock(0.0, sleeps="step")
+    config = EngineSimConfig(
+        kv_blocks=6, block_size=BS, prefill_tokens_per_s=4.0, token_delay=1.0
+    )  # five usable blocks: two requests of 8 + 8 - 1 tokens need four each
+    async with running_engine(config, Timebase(clock, clock.sleep)) as engine:
+        stepped = SteppedEngine(engine, clock, session)
+        first, second = [
+            await stepped.send(
+                {"prompt": list(range(start, start + 8)), "max_tokens": 8, "stream": True},
+                queued=queued,
+                path="/v1/completions",
+            )
+            for queued, start in ((1, 0), (2, 100))
+        ]
+        seen = []
+        for _ in range(40):
+            now = clock.now
+            values = await stepped.step()
+            if values is None:
+                break
+            seen.append(
+                (
+                    now,
+                    values["vllm:num_requests_running"],
+                    values["vllm:num_requests_waiting"],
+                    values["vllm:kv_cache_usage_perc"],
+                    values["vllm:num_preemptions_total"],
+                )
+            )
+        final = await stepped.metrics()
+    assert seen == [
+        (0.0, 1, 1, 4 / 5, 0),  # both prompts' blocks taken; the second's prefill not begun
+        (2.0, 2, 0, 4 / 5, 0),
+        (3.0, 2, 0, 5 / 5, 0),  # the first's 9th token takes the last block
+        (4.0, 2, 0, 5 / 5, 0),
+        (5.0, 1, 1, 3 / 5, 1),  # the second's 9th finds none: it was scheduled last, it goes
+        (6.0, 1, 1, 3 / 5, 1),
+        (7.0, 1, 1, 4 / 5, 1),  # the first's 13th takes a block the second freed
+        (8.0, 1, 1, 4 / 5, 1),
+        (9.0, 1, 1, 4 / 5, 1),
+        (10.0, 1, 0, 3 / 5, 1),  # the first done, the second back: 9 tokens, 4 cached, 5 at 4/s
+        (11.25, 1, 0, 3 / 5, 1),
+        (12.25, 1, 0, 3 / 5, 1),
+        (13.25, 1, 0, 3 / 5, 1),
+        (14.25, 1, 0, 3 / 5, 1),
+        (15.25, 1, 0, 4 / 5, 1),
+        (16.25, 1, 0, 4 / 5, 1),
+        (17.25, 1, 0, 4 / 5, 1),
+    ]
+    assert (first.tokens, first.first_token_at, second.tokens, second.first_token_at) == (
+        8,
+        3.0,
+        8,
+        5.0,
+    )
+    load = [final[f"vllm:{name}"] for name in ("num_requests_running", "num_requests_waiting")]
+    assert load == [0, 0] and final["vllm:kv_cache_usage_perc"] == 0
+    assert final["vllm:num_preemptions_total"] == 1
 
 
 async def test_a_restart_forgets_the_cache_without_an_event(

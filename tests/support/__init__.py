@@ -9,15 +9,18 @@ rest from their module:
 - `clock`: `FakeClock`, time that moves only when the test moves it.
 - `builders`: `spec`, `engine` and `ready_fleet`, one builder of each.
 - `raw_engine`: engines that say exact bytes, and a port that never accepts.
+- `stepped_engine`: a simulated engine on stepped virtual time, streams stamped in it.
 - `metric_families`: the metric families the README promises, with their labels.
 - `kv_event_index`, `kv_fixtures`, `kv_view_double`: a simulated engine's KV
   events recorded and indexed, vLLM's own recorded events, an index view double.
 - `paths`: where the repository is.
 - `routed`, `kv_routed`: the proxy on loopback before simulated engines; routing kv-aware.
 - `router`: a whole `Router` in this process, with key files.
+- `key_files`: a key file rewritten as an operator should, a key in a request's head.
 - `admission`: admission driven by hand: a fleet probed into its states, requests.
 - `apiserver`: the API server emulator seen from a client: a bare pod, a refusal.
 - `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).
+- `redis`: a real redis-server on loopback, stopped and started at will (`redis_server`).
 """
 
 from __future__ import annotations

@@ -56,7 +56,12 @@ class FakeClock:
     @property
     def sleeping(self) -> bool:
         """Whether a sleep waits for the clock to be stepped past its end."""
-        return any(not wake.done() for _, wake in self._sleepers)
+        return self.sleepers > 0
+
+    @property
+    def sleepers(self) -> int:
+        """How many sleeps wait for the clock to be stepped past their end."""
+        return sum(1 for _, wake in self._sleepers if not wake.done())
 
     def advance(self, seconds: float | None = None) -> None:
         """Move on by `seconds` (None: to the end of the earliest stepped sleep) and wake every

@@ -1,9 +1,9 @@
 """A whole `Router` in this process before given backends, as the auth tests run it.
 
-`router_before` writes the key files, starts the real `Router` (settings, key
-files, proxy, prober, admin app, listeners) on free loopback ports and waits
-until it answers `/livez`; `Running` is what a test holds: the router, its URLs,
-its key files and a client session.
+`router_before` writes the key files (and a tenants file if given), starts the
+real `Router` (settings, key files, proxy, prober, admin app, listeners) on
+free loopback ports and waits until it answers `/livez`; `Running` is what a
+test holds: the router, its URLs, its key files and a client session.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class Running:
     keys_file: Path
     engine_key_file: Path
     session: aiohttp.ClientSession
+    tenants_file: Path | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def get(
@@ -94,8 +95,13 @@ async def router_before(
     admin: bool = False,
     drain_timeout: float = 5.0,
     routing: RoutingName = RoutingName.ROUND_ROBIN,
+    tenants: str | None = None,
 ) -> AsyncIterator[Running]:
+    """`tenants`: the text of a tenants file, None for none."""
     keys_file, engine_key_file = tmp_path / "client-keys", tmp_path / "engine-key"
+    tenants_file = None if tenants is None else tmp_path / "tenants.toml"
+    if tenants_file is not None and tenants is not None:
+        tenants_file.write_text(tenants)
     if client_keys is not None:
         keys_file.write_text(client_keys + "\n")
     if engine_key is not None:
@@ -110,6 +116,7 @@ async def router_before(
         auth=AuthSettings(
             api_keys_file=keys_file if client_keys is not None else None,
             engine_api_key_file=engine_key_file if engine_key is not None else None,
+            tenants_file=tenants_file,
             key_file_check_interval=0.05,
         ),
     )
@@ -121,7 +128,7 @@ async def router_before(
     url = f"http://{HOST}:{port}"
     admin_url = f"http://{HOST}:{admin_port}" if admin else url
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        running = Running(router, url, admin_url, keys_file, engine_key_file, session)
+        running = Running(router, url, admin_url, keys_file, engine_key_file, session, tenants_file)
         task = asyncio.create_task(router.run(running.stop))
 
         async def listening() -> bool:

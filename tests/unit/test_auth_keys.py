@@ -31,6 +31,7 @@ from headcount.auth.keyfile import KeyFile
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import AuthSettings, ConfigError, ServerSettings
 from tests.support import wait_until
+from tests.support.key_files import bearer, replace_file
 
 __all__: list[str] = []
 
@@ -38,11 +39,6 @@ KEY_CHARS = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
 KEYS = st.text(KEY_CHARS, min_size=1, max_size=40).filter(
     lambda key: not key.startswith(("sha256:", "#"))
 )
-
-
-def bearer(key: str | bytes, scheme: bytes = b"Bearer ") -> list[tuple[bytes, bytes]]:
-    raw = key.encode() if isinstance(key, str) else key
-    return [(b"content-type", b"application/json"), (b"authorization", scheme + raw)]
 
 
 def digest_line(key: str) -> str:
@@ -185,13 +181,6 @@ class Applied:
 
     def admits(self, key: str) -> bool:
         return bool(self.values) and self.values[-1].admits(bearer(key))
-
-
-def replace_file(path: Path, text: str) -> None:
-    """As an operator should: a new file renamed over the old one."""
-    fresh = path.with_suffix(".new")
-    fresh.write_text(text)
-    os.replace(fresh, path)
 
 
 def key_file(path: Path, applied: Applied, interval: float = 60.0) -> KeyFile[ApiKeys]:
@@ -351,26 +340,31 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_auth_flags_build_settings(tmp_path: Path) -> None:
-    keys, engine = tmp_path / "keys", tmp_path / "engine"
+    keys, engine, tenants = tmp_path / "keys", tmp_path / "engine", tmp_path / "tenants.toml"
     keys.write_text("sk-one\n")
     engine.write_text("sk-engine\n")
+    tenants.write_text("[default]\n")
     settings = settings_from_args(
         parse(
             "--api-keys-file",
             str(keys),
             "--engine-api-key-file",
             str(engine),
+            "--tenants-file",
+            str(tenants),
             "--admin-port",
             "9090",
         )
     )
-    assert settings.auth == AuthSettings(api_keys_file=keys, engine_api_key_file=engine)
+    assert settings.auth == AuthSettings(
+        api_keys_file=keys, engine_api_key_file=engine, tenants_file=tenants
+    )
     assert settings.server.admin_port == 9090
     defaults = settings_from_args(parse())
     assert defaults.auth == AuthSettings() and defaults.server.admin_port is None
 
 
-@pytest.mark.parametrize("flag", ["--api-keys-file", "--engine-api-key-file"])
+@pytest.mark.parametrize("flag", ["--api-keys-file", "--engine-api-key-file", "--tenants-file"])
 def test_a_missing_key_file_is_named(flag: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"^{flag} .*no such file"):
         settings_from_args(parse(flag, str(tmp_path / "absent")))

@@ -5,6 +5,8 @@ The router logging them as it starts is tests/process/test_cli_hints.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from headcount.cli.main import _parser
@@ -54,3 +56,16 @@ def test_a_watch_idle_timeout_under_the_bookmark_interval_is_named(idle: str, wa
     if warned:
         assert "bookmark interval" in found[0]
         assert "relist every 30s" in found[0]
+
+
+def test_flow_flags_without_a_tenants_file_are_named_as_ignored(tmp_path: Path) -> None:
+    [hint] = hints("--backends", "http://h:1", "--max-queued", "10", "--limits-store-timeout", "1")
+    assert hint == (
+        "--max-queued, --limits-store-timeout: not used with flow control off "
+        "(no --tenants-file); ignored"
+    )
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text("[default]\n")
+    assert (
+        hints("--backends", "http://h:1", "--tenants-file", str(tenants), "--max-queued", "9") == []
+    )

@@ -15,6 +15,7 @@ from headcount.config import (
     ConfigError,
     DiscoveryMode,
     DiscoverySettings,
+    FlowSettings,
     HealthSettings,
     KvEventsSettings,
     ProbeSettings,
@@ -281,3 +282,71 @@ def test_kv_flags_say_their_default_and_unit() -> None:
         help_text = " ".join(text.split(flag, 2)[-1].split("--")[0].split())
         assert f"default {default}" in help_text, flag
     assert "shared equally (default 1GiB)" in " ".join(text.split())
+
+
+def test_flow_control_flags_fill_the_flow_settings() -> None:
+    settings = parse(
+        "--backends",
+        "http://127.0.0.1:1",
+        "--max-queued",
+        "0",
+        "--queue-timeout",
+        "2m",
+        "--limits-store",
+        "redis://10.0.0.7:6380/2",
+        "--limits-store-timeout",
+        "250ms",
+    )
+    assert settings.flow == FlowSettings(
+        max_queued=0,
+        queue_timeout=120.0,
+        limits_store="redis://10.0.0.7:6380/2",
+        limits_store_timeout=0.25,
+    )
+    assert parse("--backends", "http://127.0.0.1:1").flow == FlowSettings()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--max-queued", "-1", "--max-queued must be 0"),
+        ("--queue-timeout", "0", "--queue-timeout must be positive"),
+        ("--limits-store-timeout", "0ms", "--limits-store-timeout must be positive"),
+        ("--limits-store", "http://redis:6379", "--limits-store http://redis:6379: expected redis"),
+        ("--limits-store", "redis://:6379", "no host"),
+        ("--limits-store", "redis://u:p@redis:6379", "no password in the URL"),
+        ("--limits-store", "redis://redis:99999", "the port must be a number"),
+        ("--limits-store", "redis://redis:6379/x", "the database must be a number"),
+    ],
+)
+def test_flow_control_flags_are_checked_naming_the_flag(flag: str, value: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{needle}" if needle.startswith("--") else needle):
+        parse("--backends", "http://127.0.0.1:1", flag, value)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--max-queued", "many"), ("--queue-timeout", "1d"), ("--limits-store-timeout", "fast")],
+)
+def test_flow_control_flags_of_the_wrong_kind_are_usage_errors(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse("--backends", "http://127.0.0.1:1", flag, value)
+    assert exited.value.code == 2
+    assert f"argument {flag}: invalid" in capsys.readouterr().err
+
+
+def test_flow_flags_say_their_default_and_unit() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "flow control: Read only with --tenants-file" in text
+    for flag, default in (
+        ("--max-queued", "(default 1000)"),
+        ("--queue-timeout", "(default 30s)"),
+        ("--limits-store", "(default: in this process, exact for one replica)"),
+        ("--limits-store-timeout", "(default 0.1s)"),
+    ):
+        help_text = text.split(f"{flag} ", 2)[-1].split(" --")[0]
+        assert default in help_text, (flag, help_text)

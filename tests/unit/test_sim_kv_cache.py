@@ -118,17 +118,32 @@ def test_eviction_takes_unused_blocks_least_recently_freed_and_tail_first() -> N
     assert held == {f[0], *vllm_hashes(second), *vllm_hashes(third)}
 
 
-def test_blocks_in_use_are_not_evicted_and_admission_waits_for_room() -> None:
+def test_admission_takes_the_prompts_blocks_and_tokens_take_theirs_as_they_need_them() -> None:
     kv, _ = cache(blocks=5)  # four usable blocks
-    holder = seq(kv, range(8), outputs=5)  # needs 8 + 4 tokens: three blocks
-    assert kv.admit(holder)
-    assert kv.reserved == 1
-    waiter = seq(kv, range(50, 58))  # needs two blocks, one is free
-    assert not kv.admit(waiter)
-    assert (kv.queries, kv.hits) == (8, 0)  # a request not admitted is not counted
-    kv.release(holder)
-    assert kv.admit(waiter)
+    holder = seq(kv, range(8), outputs=5)  # 8 + 4 tokens computed in the end: three blocks
+    assert kv.admit(holder) and kv.pool.free_count == 2  # its prompt's two, nothing reserved
+    other = seq(kv, range(50, 58))
+    assert kv.admit(other) and kv.pool.free_count == 0
+    assert kv.advance(holder, 1)  # 8 tokens computed: no block needed
+    assert not kv.advance(holder, 2)  # the 9th needs one and none is free: preempt someone
+    assert (holder.generated, len(holder.blocks)) == (1, 2)  # nothing changed
+    assert not kv.admit(seq(kv, range(100, 104)))
+    assert (kv.queries, kv.hits) == (16, 0)  # a request not admitted is not counted
+    kv.release(other)
+    assert kv.advance(holder, 2) and kv.pool.free_count == 1
     assert not kv.fits_ever(seq(kv, range(16), outputs=2))
+
+
+def test_a_preempted_request_admitted_again_takes_blocks_for_its_tokens_and_counts_no_hit() -> None:
+    kv, _ = cache()
+    request = seq(kv, range(6), outputs=8)
+    assert kv.admit(request)
+    for generated in range(1, 5):
+        assert kv.advance(request, generated)  # 9 tokens computed: three blocks, two full
+    kv.release(request)  # preempted
+    assert len(kv.hit(request)) == 2  # its full blocks, cached, up to its 10 tokens less one
+    assert kv.admit(request) and len(request.blocks) == 3
+    assert (kv.queries, kv.hits, request.cached_tokens) == (6, 0, 0)  # as at its first admission
 
 
 def test_usage_counts_the_blocks_requests_hold_not_the_cached_ones() -> None:
@@ -195,14 +210,13 @@ def test_a_restart_forgets_the_cache_silently_even_while_blocks_are_held() -> No
 def test_prefill_is_first_come_first_served_so_a_long_prompt_delays_the_next() -> None:
     clock = FakeClock(0.0)
     pipeline = PrefillPipeline(1000.0, clock)
-    assert pipeline.admit(2000) == 2.0
+    assert pipeline.admit(2000) == (0.0, 2.0)
     clock.now = 0.5
-    assert pipeline.admit(10) == 2.01  # waits for the long one
+    assert pipeline.admit(10) == (2.0, 2.01)  # waits for the long one
     assert pipeline.backlog() == pytest.approx(1.51)
-    assert pipeline.not_started() == 1
     clock.now = 3.0
-    assert pipeline.admit(10) == 3.01
-    assert (pipeline.backlog(), pipeline.not_started()) == (pytest.approx(0.01), 0)
+    assert pipeline.admit(10) == (3.0, 3.01)
+    assert pipeline.backlog() == pytest.approx(0.01)
 
 
 class Ticket:
@@ -231,4 +245,54 @@ async def test_a_request_cancelled_as_it_is_admitted_gives_back_what_it_took() -
         await wait_until(lambda: len(scheduler.waiting) == 1)
     waiting.cancel()  # admitted when `first` left, cancelled before it ran
     await asyncio.gather(waiting, return_exceptions=True)
-    assert (scheduler.running, second.released) == (set(), 1)
+    assert (scheduler.running, second.released) == ({}, 1)
+
+
+async def test_preemption_takes_the_request_scheduled_last_to_the_head_of_the_queue() -> None:
+    scheduler: Scheduler[Ticket] = Scheduler(max_running=3)
+    first, second, third, late = Ticket(), Ticket(), Ticket(), Ticket()
+    resumed: list[bool] = []
+
+    async def hold(ticket: Ticket) -> None:
+        async with scheduler.slot(ticket):
+            resumed.append(await scheduler.resumed(ticket))
+            await asyncio.Event().wait()
+
+    tasks = [asyncio.create_task(hold(ticket)) for ticket in (first, second, third)]
+    await wait_until(lambda: len(resumed) == 3)
+    assert scheduler.preempt_newest() is third and third.released == 1
+    tasks.append(asyncio.create_task(hold(late)))
+    await wait_until(lambda: len(scheduler.waiting) == 2)
+    assert (list(scheduler.running), scheduler.waiting) == ([first, second], [third, late])
+    assert scheduler.preemptions == 1
+    tasks[1].cancel()  # the queue wakes: the preempted one, first in line, first
+    await wait_until(lambda: scheduler.waiting == [])
+    assert list(scheduler.running) == [first, third, late]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert (scheduler.running, scheduler.waiting) == ({}, [])
+
+
+async def test_a_preempted_request_whose_client_leaves_leaves_the_queue() -> None:
+    scheduler: Scheduler[Ticket] = Scheduler(max_running=1)
+    first, second = Ticket(), Ticket()
+    started = asyncio.Event()
+
+    async def hold(ticket: Ticket) -> None:
+        async with scheduler.slot(ticket):
+            started.set()
+            await scheduler.resumed(ticket)
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(hold(first))
+    await started.wait()
+    assert scheduler.preempt_newest() is first
+    waiter = asyncio.create_task(hold(second))
+    await wait_until(lambda: scheduler.waiting == [first, second])
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await wait_until(lambda: list(scheduler.running) == [second])  # its turn passed on
+    assert scheduler.waiting == [] and first.released == 2
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)

@@ -1,12 +1,14 @@
-"""Who may use the router and what it shows engines: client API keys and the engine key.
+"""Who may use the router, as whom, and what it shows engines: client keys, tenants, engine key.
 
-Both are optional (`AuthSettings`). `keys` holds keys as digests and checks a
-key by its digest; `keyfile` reloads a key file without a restart;
-`credentials` keeps the keys in force where the proxy and the prober read them.
+All optional (`AuthSettings`). `keys` holds keys as digests and finds a key's
+tenant by its digest; `tenants` reads the tenants file; `keyfile` reloads a
+key file without a restart; `credentials` keeps the keys and tenants in force
+where the proxy and the prober read them.
 """
 
 from headcount.auth.credentials import Authentication, Credentials
 from headcount.auth.keys import ApiKeys, EngineKey, KeyFileError, parse_api_keys, parse_engine_key
+from headcount.auth.tenants import Tenant, Tenants, effective_priority, parse_tenants
 
 __all__ = [
     "ApiKeys",
@@ -14,6 +16,10 @@ __all__ = [
     "Credentials",
     "EngineKey",
     "KeyFileError",
+    "Tenant",
+    "Tenants",
+    "effective_priority",
     "parse_api_keys",
     "parse_engine_key",
+    "parse_tenants",
 ]

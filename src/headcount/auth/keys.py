@@ -2,10 +2,11 @@
 
 A client key file holds one key per line, in clear or as `sha256:<64 hex>` (so
 the file itself need not hold a secret), with blank lines and `#` comments;
-either way only the digest is kept. `ApiKeys.admits` reads the one
-`Authorization: Bearer <key>` header (what OpenAI's and vLLM's clients send;
-no other header, no query string), hashes the key once and looks the digest up
-in a set: one lookup whatever the number of keys (comparing with every digest
+either way only the digest is kept (`digest.py`, shared with the tenants file).
+`ApiKeys.tenant` reads the one `Authorization: Bearer <key>` header (what
+OpenAI's and vLLM's clients send; no other header, no query string), hashes
+the key once and looks the digest up in a dict of the keys' tenants: one
+lookup whatever the number of keys (comparing with every digest
 in constant time grows with the number of keys: bench/RESULTS.md). A lookup's time can only
 say something of the digest's hash-table bucket, under a per-process random
 seed, never of the key: finding a key from its SHA-256 is a preimage attack,
@@ -21,9 +22,11 @@ key file must be safe to log.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+
+from headcount.auth.digest import KeyFileError, check_key, key_digest
+from headcount.auth.tenants import DEFAULT_TENANT, Tenant, Tenants
 
 __all__ = [
     "ApiKeys",
@@ -36,12 +39,6 @@ __all__ = [
 
 _AUTHORIZATION = b"authorization"
 _BEARER = b"bearer "
-_DIGEST_PREFIX = "sha256:"
-_HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
-
-
-class KeyFileError(ValueError):
-    """A key file cannot be used; the message names the line, never its content."""
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -59,13 +56,18 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 class ApiKeys:
-    """The digests of the keys that may use the data plane."""
+    """The digests of the keys that may use the data plane, each with its tenant."""
 
     __slots__ = ("_digests",)
 
-    def __init__(self, digests: Iterable[bytes] = ()) -> None:
-        """No digest: nothing is admitted."""
-        self._digests = frozenset(digests)
+    def __init__(self, tenants: Mapping[bytes, Tenant] | None = None) -> None:
+        """A key's SHA-256 digest -> its tenant. None or empty: nothing is admitted."""
+        self._digests: dict[bytes, Tenant] = dict(tenants or {})
+
+    @classmethod
+    def of_default(cls, digests: Iterable[bytes]) -> ApiKeys:
+        """Keys that name no tenant (`--api-keys-file`'s): each is the `default` tenant's."""
+        return cls(dict.fromkeys(digests, Tenant(DEFAULT_TENANT)))
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -73,10 +75,20 @@ class ApiKeys:
     def __repr__(self) -> str:
         return f"ApiKeys({len(self._digests)} keys)"
 
-    def admits(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        """Whether the request's bearer key is one of ours: one SHA-256, one set lookup."""
+    def merged(self, tenants: Tenants) -> ApiKeys:
+        """These keys as the tenants file's default tenant's, beside the file's own keys; a
+        key in both is the tenant's that names it."""
+        return ApiKeys({**dict.fromkeys(self._digests, tenants.default), **tenants.by_digest})
+
+    def tenant(self, headers: list[tuple[bytes, bytes]]) -> Tenant | None:
+        """The tenant of the request's bearer key, None if it has none of ours: one SHA-256,
+        one dict lookup."""
         key = bearer_token(headers)
-        return key is not None and hashlib.sha256(key).digest() in self._digests
+        return None if key is None else self._digests.get(hashlib.sha256(key).digest())
+
+    def admits(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether the request's bearer key is one of ours."""
+        return self.tenant(headers) is not None
 
 
 class EngineKey:
@@ -93,13 +105,9 @@ class EngineKey:
         return "EngineKey(<hidden>)"
 
 
-def _check_key(key: str, where: str) -> None:
-    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
-        raise KeyFileError(f"{where}: a key must be printable ASCII without spaces")
-
-
 def parse_api_keys(text: str) -> ApiKeys:
-    """The client keys of a key file's text: one per line, clear or `sha256:<hex>`, `#` comments."""
+    """The client keys of a key file's text: one per line, clear or `sha256:<hex>`, `#` comments;
+    each is the `default` tenant's."""
     digests: list[bytes] = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -109,18 +117,11 @@ def parse_api_keys(text: str) -> ApiKeys:
         where = f"line {number}"
         if rest and not rest[0].startswith("#"):
             raise KeyFileError(f"{where}: one key per line (anything after it must be a # comment)")
-        if key.startswith(_DIGEST_PREFIX):
-            hexdigest = key[len(_DIGEST_PREFIX) :]
-            if _HEX_DIGEST.fullmatch(hexdigest) is None:
-                raise KeyFileError(f"{where}: `sha256:` must be followed by 64 hex digits")
-            digests.append(bytes.fromhex(hexdigest))
-        else:
-            _check_key(key, where)
-            digests.append(hashlib.sha256(key.encode("ascii")).digest())
+        digests.append(key_digest(key, where))
     if not digests:
         # Also what a reader sees of a file being rewritten in place: keep the old keys.
         raise KeyFileError("no key in the file (to revoke every key, stop the router)")
-    return ApiKeys(digests)
+    return ApiKeys.of_default(digests)
 
 
 def parse_engine_key(text: str) -> EngineKey:
@@ -128,5 +129,5 @@ def parse_engine_key(text: str) -> EngineKey:
     key = text.strip()
     if not key:
         raise KeyFileError("the file is empty")
-    _check_key(key, "the file must hold one key")
+    check_key(key, "the file must hold one key")
     return EngineKey(key)

@@ -21,6 +21,7 @@ from headcount.config import (
     DiscoveryMode,
     DiscoverySettings,
     DnsSettings,
+    FlowSettings,
     HealthSettings,
     KvEventsSettings,
     LogFormat,
@@ -363,6 +364,53 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="the key engines expect (vLLM's --api-key), sent on probes and requests "
         "(default: off)",
     )
+    auth.add_argument(
+        "--tenants-file",
+        type=Path,
+        default=auth_d.tenants_file,
+        help="TOML of tenants: their keys (which authenticate like --api-keys-file's), "
+        "priority, weight and limits; turns flow control on (default: off)",
+    )
+    _add_flow_arguments(parser)
+
+
+def _add_flow_arguments(parser: argparse.ArgumentParser) -> None:
+    flow_d = FlowSettings()
+    flow = parser.add_argument_group(
+        "flow control", "Read only with --tenants-file: the router's queue and its limits."
+    )
+    flow.add_argument(
+        "--max-queued",
+        type=int,
+        default=flow_d.max_queued,
+        help="requests waiting in the router for an engine with room; one more gets 429, "
+        f"0: none wait (default {flow_d.max_queued})",
+    )
+    flow.add_argument(
+        "--queue-timeout",
+        type=parse_duration,
+        default=flow_d.queue_timeout,
+        help=duration_help(
+            "longest wait in the router's queue, then 503 with Retry-After", flow_d.queue_timeout
+        ),
+    )
+    flow.add_argument(
+        "--limits-store",
+        metavar="redis://HOST:PORT[/DB]",
+        default=flow_d.limits_store,
+        help="the tenants' limit counters in this Redis, shared by every replica "
+        "(default: in this process, exact for one replica)",
+    )
+    flow.add_argument(
+        "--limits-store-timeout",
+        type=parse_duration,
+        default=flow_d.limits_store_timeout,
+        help=duration_help(
+            "longest wait for the limits store at admission, then the request is admitted "
+            "(fail-open)",
+            flow_d.limits_store_timeout,
+        ),
+    )
 
 
 def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
@@ -530,7 +578,15 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             drain_timeout=ns.drain_timeout,
         ),
         auth=AuthSettings(
-            api_keys_file=ns.api_keys_file, engine_api_key_file=ns.engine_api_key_file
+            api_keys_file=ns.api_keys_file,
+            engine_api_key_file=ns.engine_api_key_file,
+            tenants_file=ns.tenants_file,
+        ),
+        flow=FlowSettings(
+            max_queued=ns.max_queued,
+            queue_timeout=ns.queue_timeout,
+            limits_store=ns.limits_store,
+            limits_store_timeout=ns.limits_store_timeout,
         ),
         outlier=OutlierSettings(
             consecutive_errors=ns.outlier_consecutive_errors,

@@ -1,9 +1,10 @@
 """Start-up hints for `headcount serve`: what a command line accepted probably did not mean.
 
 An engine URL written as an OpenAI `base_url`, a flag the chosen mode never
-reads, a watch idle timeout under the API server's bookmark interval: each is
-accepted (the router starts) and named once at start with what to do instead,
-rather than found later as an unhealthy engine or a relist every few seconds.
+reads (flow control's without `--tenants-file`), a watch idle timeout under the
+API server's bookmark interval: each is accepted (the router starts) and named
+once at start with what to do instead, rather than found later as an unhealthy
+engine or a relist every few seconds.
 Pure: the settings and the flags given in, the warnings out.
 """
 
@@ -40,6 +41,7 @@ _KV_AWARE_ONLY = (
     "--tokenizer",
     "--tokenize-timeout",
 )
+_FLOW_ONLY = ("--max-queued", "--queue-timeout", "--limits-store", "--limits-store-timeout")
 
 
 def serve_hints(settings: Settings, given: Collection[str], backends: Sequence[str]) -> list[str]:
@@ -62,6 +64,8 @@ def serve_hints(settings: Settings, given: Collection[str], backends: Sequence[s
         )
     if settings.proxy.routing is not RoutingName.KV_AWARE:
         hints += _unused(given, _KV_AWARE_ONLY, f"--routing {settings.proxy.routing.value}")
+    if settings.auth.tenants_file is None:
+        hints += _unused(given, _FLOW_ONLY, "flow control off (no --tenants-file)")
     return hints
 
 

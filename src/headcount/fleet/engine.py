@@ -98,6 +98,9 @@ class EngineLoad:
     progress: float | None = None
     """Scraped prompt plus generated tokens processed, ever (vLLM's token counters), None when
     the engine exports neither: they move while it works, even with no answer to send yet."""
+    capacity: int | None = None
+    """Requests the engine runs at once, learned from its gauges (`capacity.py`); None until
+    it first queues."""
     scrapes: int = 0
     """Probes recorded, each setting the scraped figures: tells a fresh `progress` from one
     already seen."""

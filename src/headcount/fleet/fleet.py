@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from headcount.clock import Clock
 from headcount.fleet import story
+from headcount.fleet.capacity import learn_capacity
 from headcount.fleet.engine import Engine, EngineLoad, EngineSpec, EngineState, ProbeResult
 from headcount.fleet.outliers import next_ejection, route_around
 
@@ -249,6 +250,7 @@ class Fleet:
             load.kv_capacity_blocks = scraped.kv_capacity_blocks
             load.kv_block_size = scraped.kv_block_size
             load.progress = scraped.progress
+            load.capacity = learn_capacity(load.capacity, scraped.running, scraped.waiting)
             load.scrapes += 1
             ejection = engine.ejection
             if engine.probe_failures and ejection.active(now := self._now()):

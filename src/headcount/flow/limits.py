@@ -15,10 +15,19 @@ when Redis does not answer within its timeout.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable
 from typing import NamedTuple, Protocol
 
-__all__ = ["Charge", "LimitsStore", "Quota", "StoreHealth", "Verdict"]
+__all__ = [
+    "WINDOW",
+    "Charge",
+    "LimitsStore",
+    "Quota",
+    "StoreHealth",
+    "Verdict",
+    "ratelimit_headers",
+]
 
 WINDOW = 60.0
 """Seconds per window: limits are per minute."""
@@ -85,3 +94,30 @@ class LimitsStore(Protocol):
     def health(self) -> StoreHealth: ...
 
     async def close(self) -> None: ...
+
+
+def ratelimit_headers(verdict: Verdict) -> bytes:
+    """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` lines for `verdict`."""
+    lines = b""
+    for kind, quota in ((b"requests", verdict.requests), (b"tokens", verdict.tokens)):
+        if quota is not None:
+            lines += _quota_lines(kind, quota)
+    return lines
+
+
+def _quota_lines(kind: bytes, quota: Quota) -> bytes:
+    return b"x-ratelimit-limit-%s: %d\r\nx-ratelimit-remaining-%s: %d\r\n" % (
+        kind,
+        quota.limit,
+        kind,
+        quota.remaining,
+    ) + b"x-ratelimit-reset-%s: %s\r\n" % (kind, _duration(quota.reset).encode())
+
+
+def _duration(seconds: float) -> str:
+    """A duration as OpenAI writes its resets: `20ms`, `1.5s`, `6m0s`."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text

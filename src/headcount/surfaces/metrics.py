@@ -162,6 +162,7 @@ class Metrics:
         """Per model with series of its own, the (code, outcome) pairs it has series for."""
         self._max_models = max_models
         self._local_watchers: list[Callable[[str], None]] = []
+        self._scraped_also: list[Callable[[Snapshot], _Collector]] = []
 
     def request_done(
         self, model: str, code: int, outcome: str, duration: float, ttfb: float | None
@@ -228,6 +229,10 @@ class Metrics:
         """What to call when `task` is restarted; its series exists (at 0) from now on."""
         return self._task_restarts.labels(task).inc
 
+    def scrape_also(self, collector: Callable[[Snapshot], _Collector]) -> None:
+        """At each scrape, `collector(snapshot)` (made on the loop) adds its series too."""
+        self._scraped_also.append(collector)
+
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""
         snapshot = self._snapshot()
@@ -243,6 +248,7 @@ class Metrics:
                 if (view := views.get(engine.id)) is not None
             ]
             collectors.append(KvCollector(rows))
+        collectors.extend(collector(snapshot) for collector in self._scraped_also)
         return await asyncio.to_thread(_render, collectors)
 
 

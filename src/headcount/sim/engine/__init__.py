@@ -10,13 +10,15 @@ vLLM's Prometheus metrics computed from its real state, and fails on demand::
         await engine.set_fail_mode("none")  # listening again, on the same port
 
 Scheduling: at most `max_running` requests generate at once (unlimited by
-default); the others wait in FIFO order. Each token takes `token_delay`
-seconds. A client that disconnects stops its generation and frees its slot.
+default); the others wait in FIFO order, counted as waiting. Each token takes
+`token_delay` seconds. A client that disconnects, waiting or running, stops
+its generation and frees its place.
 Prompts become the token ids vLLM would compute (`headcount.tokens`; a model's
 tokenizer directory with `tokenizer`). With `kv_blocks` the engine keeps a
 prefix cache as vLLM's (`kv_cache`, `block_pool`) and prefills uncached prompt
-tokens at `prefill_tokens_per_s` (`prefill`), reports hits in usage and
-metrics, shows its blocks under `/sim/kv-cache`, and sends block events to a
+tokens at `prefill_tokens_per_s` (`prefill`), gives tokens blocks as they
+need them and preempts when none is free (`scheduler`, `run`), reports hits
+in usage and metrics, shows its blocks under `/sim/kv-cache`, and sends block events to a
 `KvEventSink`. It also serves `/tokenize`, vLLM's render routes and the info
 routes peer routers read (`tokenize_api`).
 

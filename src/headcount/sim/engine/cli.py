@@ -102,7 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-running",
         type=int,
         default=defaults.max_running,
-        help="requests served at once, more wait (default: no limit)",
+        help="requests running at once, vLLM's --max-num-seqs; more wait first come first "
+        "served and count in vllm:num_requests_waiting (default: no limit)",
     )
     parser.add_argument(
         "--name", default=defaults.name, help="name in logs and answers (default: host:port)"

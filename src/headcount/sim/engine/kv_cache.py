@@ -8,12 +8,18 @@
 - It then takes the hit blocks, allocates blocks for the rest of the prompt
   and caches the prompt's full ones at once (vLLM caches a chunk's blocks when
   it schedules it, so a request admitted after it already finds them).
-- A request is admitted only when the pool can give it every block it will
-  ever need (prompt and output) besides what running requests still need, so
-  there is never a preemption; one that could never fit is refused.
+- A request is admitted when the pool can give it the blocks of its prompt
+  (vLLM's `allocate_slots` with the full sequence gated, no watermark); its
+  output's blocks are allocated as its tokens need them, and when none is
+  free the scheduler preempts (`advance` says so). One that could never fit
+  even alone is refused.
 - Each generated token's KV is computed when the next one is generated;
-  blocks filled by them are cached as they fill. Finishing (or disconnecting)
-  frees the request's blocks.
+  blocks filled by them are cached as they fill. Finishing, disconnecting or
+  being preempted frees the request's blocks.
+- A preempted request admitted again needs blocks for its prompt and the
+  tokens it had generated, and recomputes what it does not find cached; as
+  vLLM's, that second lookup counts in no hit counter and does not change
+  the `cached_tokens` its usage reports.
 """
 
 from __future__ import annotations
@@ -40,11 +46,17 @@ class KvSequence:
     """The hashes of its cached (or to be cached) full blocks, prompt first."""
     blocks: list[Block] = field(default_factory=list)
     cached_tokens: int = 0
-    """Prompt tokens found in the cache at admission."""
-    reserved: int = 0
-    """Blocks it will still allocate."""
+    """Prompt tokens found in the cache at its first admission."""
+    generated: int = 0
+    """Tokens it has generated so far."""
+    admissions: int = 0
     stored: int = 0
     """Of its blocks, how many are cached."""
+
+    @property
+    def num_tokens(self) -> int:
+        """vLLM's `num_tokens`: the prompt and the tokens generated so far."""
+        return len(self.prompt) + self.generated
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Its token ids (prompt, then output) from `start` to `end`."""
@@ -62,7 +74,6 @@ class KvCache:
         self.block_size = block_size
         self.queries = 0
         self.hits = 0
-        self.reserved = 0
 
     def sequence(
         self, prompt: Sequence[int], output: Sequence[int], lora_name: str | None
@@ -76,48 +87,49 @@ class KvCache:
 
     def hit(self, seq: KvSequence) -> list[Block]:
         """The cached blocks `seq` would start from if admitted now."""
-        limit = (len(seq.prompt) - 1) // self.block_size
+        limit = (seq.num_tokens - 1) // self.block_size
         return self.pool.longest_hit(seq.digests, limit)
 
     def admit(self, seq: KvSequence) -> bool:
-        """Give `seq` its blocks and count its hit; False (nothing changed) when they do not fit."""
+        """Give `seq` the blocks of its tokens so far and count its hit (first admission only);
+        False (nothing changed) when they do not fit."""
         pool, size = self.pool, self.block_size
         hit = self.hit(seq)
-        prompt = len(seq.prompt)
-        now = self._blocks_for(prompt) - len(hit)
-        later = self._blocks_for(prompt + len(seq.output) - 1) - self._blocks_for(prompt)
+        tokens = seq.num_tokens
+        now = self._blocks_for(tokens) - len(hit)
         hit_free = sum(1 for block in hit if block.ref_cnt == 0)
-        if pool.free_count - hit_free - self.reserved < now + later:
+        if pool.free_count - hit_free < now:
             return False
-        self.queries += prompt
-        self.hits += len(hit) * size
-        seq.cached_tokens = len(hit) * size
+        if not seq.admissions:
+            self.queries += tokens
+            self.hits += len(hit) * size
+            seq.cached_tokens = len(hit) * size
+        seq.admissions += 1
         pool.touch(hit)
         seq.blocks = [*hit, *pool.allocate(now)]
         seq.stored = len(hit)
-        seq.reserved = later
-        self.reserved += later
-        self._store(seq, prompt // size)
+        self._store(seq, tokens // size)
         pool.end_step()
         return True
 
-    def advance(self, seq: KvSequence, generated: int) -> None:
-        """`generated` tokens are out: the KV of the prompt and all but the last is computed."""
+    def advance(self, seq: KvSequence, generated: int) -> bool:
+        """`generated` tokens are out: the KV of the prompt and all but the last is computed.
+        False (nothing changed) when the blocks that needs are not free: preempt someone."""
         computed = len(seq.prompt) + generated - 1
         missing = self._blocks_for(computed) - len(seq.blocks)
+        if missing > self.pool.free_count:
+            return False
         if missing > 0:
             seq.blocks += self.pool.allocate(missing)
-            seq.reserved -= missing
-            self.reserved -= missing
+        seq.generated = generated
         self._store(seq, computed // self.block_size)
         self.pool.end_step()
+        return True
 
     def release(self, seq: KvSequence) -> None:
-        """`seq` is done (or gone): free its blocks and what it had reserved."""
+        """`seq` is done, gone or preempted: free its blocks."""
         self.pool.free(seq.blocks)
         seq.blocks = []
-        self.reserved -= seq.reserved
-        seq.reserved = 0
 
     def clear(self, announce: bool) -> bool:
         """Forget every cached block: with `announce`, as vLLM's reset (only when no request
@@ -138,7 +150,6 @@ class KvCache:
             "num_gpu_blocks": pool.num_gpu_blocks,
             "usage": pool.usage,
             "free_blocks": pool.free_count,
-            "reserved_blocks": self.reserved,
             "queries": self.queries,
             "hits": self.hits,
             "blocks": [

@@ -3,11 +3,16 @@
 A router scrapes `/metrics` for load: v1 names (with an `engine` label) by
 default, v0 names with `legacy_metrics`, since a fleet may run either. With a
 prefix cache, KV usage is the share of blocks requests hold (vLLM's
-definition), the prefix-cache counters count prompt tokens queried and found
-at admission, and `vllm:cache_config_info` carries `block_size` and
+definition), `num_preemptions_total` counts the requests preempted when
+blocks ran out, the prefix-cache counters count prompt tokens queried and
+found at (first) admission, and `vllm:cache_config_info` carries `block_size` and
 `num_gpu_blocks` among vLLM's cache settings. The token counters move as the
 engine prefills and generates (an unstreamed answer's tokens too, long before
 its head is sent) and stand still while it is stalled.
+
+Every value is read from the engine's state at scrape time: vLLM sets its
+gauges at every engine step (`PrometheusStatLogger.record`), so its own are
+never older than a step; only its log line waits for an interval.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ _HELP_GENERATION = "Number of generation tokens processed."
 _HELP_QUERIES = "Prefix cache queries, in terms of number of queried tokens."
 _HELP_HITS = "Prefix cache hits, in terms of number of cached tokens."
 _HELP_CACHE_CONFIG = "Information of the LLMEngine CacheConfig"
+_HELP_PREEMPTIONS = "Cumulative number of preemption from the engine."
 
 
 def _label_value(value: str) -> str:
@@ -53,7 +59,7 @@ def render_metrics(state: EngineState) -> str:
         ("generation_tokens_total", "counter", _HELP_GENERATION, labels, state.generation_tokens),
     ]
     if caching is not None:
-        kv = caching.kv
+        kv, preemptions = caching.kv, state.scheduler.preemptions
         cache_labels = (
             f'block_size="{kv.block_size}",cache_dtype="auto",enable_prefix_caching="True",'
             f'engine="0",num_gpu_blocks="{kv.pool.num_gpu_blocks}",'
@@ -62,6 +68,7 @@ def render_metrics(state: EngineState) -> str:
         samples += [
             ("prefix_cache_queries_total", "counter", _HELP_QUERIES, labels, kv.queries),
             ("prefix_cache_hits_total", "counter", _HELP_HITS, labels, kv.hits),
+            ("num_preemptions_total", "counter", _HELP_PREEMPTIONS, labels, preemptions),
             ("cache_config_info", "gauge", _HELP_CACHE_CONFIG, cache_labels, 1),
         ]
     lines: list[str] = []

@@ -1,8 +1,9 @@
 """The OpenAI API vLLM serves: models, chat and text completions, streamed or not, and embeddings.
 
 Generation holds a scheduler slot for its whole length (and, with a prefix
-cache, its KV blocks, after waiting for its prompt's prefill), takes
-`token_delay` per token and stops, freeing the slot, when the client goes away.
+cache, its KV blocks, after waiting for its prompt's prefill; a token's block
+is taken before its time, and may preempt: `run`), takes `token_delay` per
+token and stops, freeing the slot, when the client goes away.
 Tokens are counted (`vllm:generation_tokens_total`) as they are generated, in
 steps of at most `_STEP` seconds when an answer goes out all at once, as
 vLLM's engine loop counts them whatever the answer waits for.
@@ -91,8 +92,8 @@ class OpenAiApi:
     async def _complete(self, request: web.Request, run: Run) -> web.Response:
         done = 0
         for tokens in run.checkpoints():
+            await run.generated(tokens)  # their blocks first, as vLLM schedules a step
             await self._pace(tokens - done)
-            run.generated(tokens)
             done = tokens
         response = web.Response(content_type=JSON)
         if self._state.failures.mode == "die-mid-stream":
@@ -122,7 +123,7 @@ class OpenAiApi:
                 await response.write(ending)
             else:
                 # Tokens that take no time are all ready at once, so they leave in one write.
-                run.generated(generation.max_tokens)
+                await run.generated(generation.max_tokens)
                 self._state.generation_tokens += generation.max_tokens
                 await response.write(frames.all_chunks(generation.max_tokens) + ending)
         except ConnectionError:
@@ -138,10 +139,10 @@ class OpenAiApi:
         failures = self._state.failures
         tokens = run.generation.max_tokens
         for index in range(tokens):
+            await run.generated(index + 1)
             await self._pace(1)
             if failures.dying(index):
                 return False
-            run.generated(index + 1)
             await response.write(frames.chunk(index, index == tokens - 1))
         return not failures.dying(tokens)
 

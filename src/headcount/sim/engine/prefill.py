@@ -20,12 +20,10 @@ memory utilisation (128 KiB of KV per token); about 0.01 s per output token at
 small batch (`--token-delay 0.01`; the default 0 keeps tests fast).
 
 A request admitted but whose prefill has not started counts as waiting in the
-metrics, as a request vLLM has not scheduled yet does.
+metrics, as a request vLLM has not scheduled yet does (`EngineState.load`).
 """
 
 from __future__ import annotations
-
-import collections
 
 from headcount.clock import Clock
 
@@ -39,23 +37,13 @@ class PrefillPipeline:
         self.tokens_per_s = tokens_per_s
         self._clock = clock
         self._free_at = 0.0
-        self._starts: collections.deque[float] = collections.deque()
 
-    def admit(self, tokens: int) -> float:
-        """Queue `tokens` prompt tokens; when they will be done."""
+    def admit(self, tokens: int) -> tuple[float, float]:
+        """Queue `tokens` prompt tokens; when their prefill starts and when it is done."""
         start = max(self._clock(), self._free_at)
         self._free_at = start + tokens / self.tokens_per_s
-        self.not_started()  # forget the starts that have passed
-        self._starts.append(start)
-        return self._free_at
+        return start, self._free_at
 
     def backlog(self) -> float:
         """Seconds until the pipeline has done everything admitted so far."""
         return max(0.0, self._free_at - self._clock())
-
-    def not_started(self) -> int:
-        """Admitted requests whose prefill has not begun yet."""
-        now, starts = self._clock(), self._starts
-        while starts and starts[0] <= now:
-            starts.popleft()
-        return len(starts)

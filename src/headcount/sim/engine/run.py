@@ -2,9 +2,13 @@
 
 Without a prefix cache (`Run`) a request needs only a slot, and its tokens
 take `token_delay` each. With one (`CachedRun`, `--kv-blocks`), admission
-also takes its KV blocks and counts its cache hit, its uncached prompt tokens
-then go through the prefill pipeline, and the blocks its tokens fill are
-cached as they are generated.
+also takes its prompt's KV blocks and counts its cache hit, its uncached
+prompt tokens then go through the prefill pipeline, and its tokens take
+blocks as they are generated, cached as they fill. A token that needs a block
+none can give preempts the request scheduled last (itself, if it is that
+one), as vLLM's scheduler does; a preempted request waits to be admitted
+again, recomputes its prompt and the tokens it had generated (less what it
+finds cached) and goes on.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from headcount.sim.engine.kv_cache import KvCache, KvSequence
 from headcount.sim.engine.parsing import Generation
 from headcount.sim.engine.prefill import PrefillPipeline
+from headcount.sim.engine.scheduler import Scheduler
 from headcount.sim.engine.timebase import Timebase
 
 __all__ = ["CachedRun", "PrefixCaching", "Run"]
@@ -24,6 +29,9 @@ class Run:
 
     def __init__(self, generation: Generation) -> None:
         self.generation = generation
+        self.prefill_starts_at = 0.0
+        """When its prompt's prefill begins (engine clock), once admitted: vLLM counts it
+        running from then (scheduled), waiting before."""
         self.prefilled_at = 0.0
         """When its prompt's prefill ends (engine clock), once admitted."""
         self.finishes_at = 0.0
@@ -43,8 +51,8 @@ class Run:
     async def prefill(self) -> None:
         """Wait until the prompt's prefill is done."""
 
-    def generated(self, tokens: int) -> None:
-        """`tokens` tokens are out."""
+    async def generated(self, tokens: int) -> None:
+        """`tokens` tokens are out (waiting first, if it is preempted, to run again)."""
 
     def checkpoints(self) -> list[int]:
         """The token counts at which a response generated all at once must stop (to cache
@@ -60,6 +68,7 @@ class PrefixCaching:
     pipeline: PrefillPipeline
     timebase: Timebase
     token_delay: float
+    scheduler: Scheduler[Run]
 
 
 class CachedRun(Run):
@@ -76,10 +85,12 @@ class CachedRun(Run):
 
     def admit(self) -> bool:
         caching, seq = self._caching, self.sequence
+        hit = len(caching.kv.hit(seq)) * caching.kv.block_size
         if not caching.kv.admit(seq):
             return False
-        self.prefilled_at = caching.pipeline.admit(len(seq.prompt) - seq.cached_tokens)
-        self.finishes_at = self.prefilled_at + self.generation.max_tokens * caching.token_delay
+        self.prefill_starts_at, self.prefilled_at = caching.pipeline.admit(seq.num_tokens - hit)
+        left = self.generation.max_tokens - seq.generated
+        self.finishes_at = self.prefilled_at + left * caching.token_delay
         return True
 
     def release(self) -> None:
@@ -91,8 +102,19 @@ class CachedRun(Run):
         if wait > 0:
             await timebase.sleep(wait)
 
-    def generated(self, tokens: int) -> None:
-        self._caching.kv.advance(self.sequence, tokens)
+    async def generated(self, tokens: int) -> None:
+        caching = self._caching
+        scheduler = caching.scheduler
+        preempted = False
+        while True:
+            if await scheduler.resumed(self):
+                await self.prefill()  # its recomputation
+            if caching.kv.advance(self.sequence, tokens):
+                break
+            scheduler.preempt_newest()
+            preempted = True
+        if preempted:
+            scheduler.wake()  # what was freed beyond this token's needs may admit someone
 
     def checkpoints(self) -> list[int]:
         last = self.generation.max_tokens

@@ -44,7 +44,7 @@ class EngineState:
         if config.kv_blocks is not None:
             kv = KvCache(config.kv_blocks, config.block_size, NullKvEventSink())
             pipeline = PrefillPipeline(config.prefill_tokens_per_s, timebase.now)
-            self.caching = PrefixCaching(kv, pipeline, timebase, config.token_delay)
+            self.caching = PrefixCaching(kv, pipeline, timebase, config.token_delay, self.scheduler)
         self.served = 0
         self.prompt_tokens = 0
         """Prompt tokens prefilled, ever: vLLM's `prompt_tokens_total`, counted as prefills end."""
@@ -83,13 +83,11 @@ class EngineState:
         return self.caching is None or self.caching.kv.clear(announce)
 
     def load(self) -> tuple[int, int]:
-        """(running, waiting) as vLLM reports them: admitted requests whose prefill has not
-        begun count as waiting."""
-        running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        if self.caching is not None:
-            queued = self.caching.pipeline.not_started()
-            running, waiting = running - queued, waiting + queued
-        return running, waiting
+        """(running, waiting) as vLLM reports them, now: admitted requests whose prefill has
+        not begun count as waiting (vLLM has not scheduled them), preempted ones too."""
+        scheduler, now = self.scheduler, self.timebase.now()
+        queued = sum(1 for run in scheduler.running if run.prefill_starts_at > now)
+        return len(scheduler.running) - queued, len(scheduler.waiting) + queued
 
     @contextlib.contextmanager
     def in_flight_request(self) -> Iterator[None]:
@@ -121,6 +119,7 @@ class EngineState:
             "in_flight": self.in_flight,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
+            "preemptions": self.scheduler.preemptions,
             "disconnects": self.disconnects,
             "unauthorized": self.unauthorized,
         }
