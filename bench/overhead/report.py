@@ -114,18 +114,19 @@ def _ratios_section(all_summaries: dict[str, dict[str, _Summary]]) -> list[str]:
         "## headcount ratios (medians)",
         "",
         "| workload | req/s ÷ direct | req/s ÷ vllm-router | router CPU µs/req ÷ vllm-router "
-        "| flow control: router CPU µs/req, headcount-tenants minus headcount |",
-        "|---|--:|--:|--:|--:|",
+        "| router CPU µs/req: headcount-tenants minus headcount | the same minus headcount-keys |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for workload, summaries in all_summaries.items():
         ours = summaries.get("headcount")
         direct, vllm = summaries.get("direct"), summaries.get("vllm-router")
+        tenants, keys = summaries.get("headcount-tenants"), summaries.get("headcount-keys")
         lines.append(
             f"| {workload} "
             f"| {_ratio(ours.ok_per_s if ours else None, direct.ok_per_s if direct else None)} "
             f"| {_ratio(ours.ok_per_s if ours else None, vllm.ok_per_s if vllm else None)} "
             f"| {_ratio(ours.router_us if ours else None, vllm.router_us if vllm else None)} "
-            f"| {_difference(summaries.get('headcount-tenants'), ours)} |"
+            f"| {_difference(tenants, ours)} | {_difference(tenants, keys)} |"
         )
     return lines
 

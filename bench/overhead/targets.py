@@ -96,6 +96,15 @@ def _headcount_tenants(launch: Launch) -> list[str]:
     return [*_headcount(launch), f"--tenants-file={path}"]
 
 
+def _headcount_keys(launch: Launch) -> list[str]:
+    path = launch.files / "api-keys.txt"
+    path.write_text(f"{TENANT_KEY}\n")
+    return [*_headcount(launch), f"--api-keys-file={path}"]
+
+
+_TENANT_KEY_HEADERS = (("Authorization", f"Bearer {TENANT_KEY}"),)
+
+
 def baseline_target(rev: str, out_dir: Path) -> Target:
     """headcount as it was at git revision `rev`, measured beside today's in the same rounds."""
     commit, program = headcount_at(rev, out_dir)
@@ -125,12 +134,20 @@ TARGETS: tuple[Target, ...] = (
         install_hint="run `make install`",
     ),
     Target(
+        "headcount-keys",
+        program=HEADCOUNT_BIN,
+        command=_headcount_keys,
+        fleet_check=FleetCheck("/engines", "state", "ready"),
+        install_hint="run `make install`",
+        headers=_TENANT_KEY_HEADERS,
+    ),
+    Target(
         "headcount-tenants",
         program=HEADCOUNT_BIN,
         command=_headcount_tenants,
         fleet_check=FleetCheck("/engines", "state", "ready"),
         install_hint="run `make install`",
-        headers=(("Authorization", f"Bearer {TENANT_KEY}"),),
+        headers=_TENANT_KEY_HEADERS,
     ),
     Target(
         "vllm-router",
