@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver, pinned_first
 from headcount._http.resources import raise_open_file_limit, release_large_allocations
-from headcount.auth import Authentication
+from headcount.auth import Authentication, Credentials
+from headcount.auth.tenants import Tenants
 from headcount.config import (
     BUILTIN_TOKENIZER,
     ConfigError,
@@ -49,12 +50,17 @@ from headcount.config import (
 from headcount.discovery.source import DiscoverySource
 from headcount.discovery.static import StaticSource
 from headcount.fleet import Fleet
+from headcount.flow.control import FlowControl
+from headcount.flow.limits import LimitsStore
+from headcount.flow.redis_store import RedisStore
+from headcount.flow.window import MemoryStore
 from headcount.probe.prober import Prober
 from headcount.proxy import Proxy, start_local_server, start_server
 from headcount.routing import Policy, make_policy
 from headcount.routing.kv import KvRouting
 from headcount.supervise import Supervisor
 from headcount.surfaces.admin import AdminApp
+from headcount.surfaces.flow_metrics import FlowCollector, TenantMetrics
 from headcount.surfaces.grpc_health import GrpcHealthServer
 from headcount.surfaces.metrics import Metrics
 from headcount.tokens import ChatTokenizer, TokenizerError, builtin_tokenizer, load_tokenizer
@@ -110,6 +116,7 @@ class Router:
             headers=credentials.engine_probe_headers,
             resolver=resolver,
         )
+        self.flow = _flow_control(settings, fleet, credentials, self.metrics)
         self.supervisor = Supervisor(settings.supervision, self.metrics.task_restarts)
         self.shutting_down = False
         self._source_tasks: dict[str, asyncio.Task[None]] = {}
@@ -120,7 +127,7 @@ class Router:
             settings.health,
             dead_sources=self._dead_sources,
             shutting_down=lambda: self.shutting_down,
-            local_problems=lambda: self.proxy.resources.problems(),
+            local_problems=self._local_problems,
             kv_views=kv_views,
         )
         self.proxy = Proxy(
@@ -131,7 +138,21 @@ class Router:
             self.admin.handle if settings.server.admin_port is None else self.admin.handle_api,
             credentials,
             resolver=resolver,
+            flow=self.flow,
         )
+
+    def _local_problems(self) -> list[str]:
+        """The router's own troubles for `/health`: resources it ran out of, and a limits
+        store that does not answer."""
+        problems = list(self.proxy.resources.problems())
+        if self.flow is not None:
+            store = self.flow.store.health
+            if not store.ok:
+                problems.append(
+                    f"limits store {store.name}: {store.reason}; requests are admitted "
+                    "without their limits judged (fail-open)"
+                )
+        return problems
 
     def _dead_sources(self) -> set[str]:
         return {name for name, task in self._source_tasks.items() if task.done()}
@@ -204,6 +225,8 @@ class Router:
                 *self._source_tasks.values(), prober, key_files, return_exceptions=True
             )
             await self.proxy.close()
+            if self.flow is not None:
+                await self.flow.close()
             if self.kv is not None:
                 await self.kv.indexes.close()
 
@@ -254,6 +277,28 @@ class Router:
             repr(error) if error else "returned",
             exc_info=error,
         )
+
+
+def _flow_control(
+    settings: Settings, fleet: Fleet, credentials: Credentials, metrics: Metrics
+) -> FlowControl | None:
+    """Flow control, with a tenants file: its limits' store, its series."""
+    if settings.auth.tenants_file is None:
+        return None
+    flow = settings.flow
+    store: LimitsStore = (
+        MemoryStore()
+        if flow.limits_store is None
+        else RedisStore(flow.limits_store, flow.limits_store_timeout)
+    )
+    tenant_metrics = TenantMetrics(
+        metrics.registry, lambda: (credentials.tenants or Tenants()).names
+    )
+    control = FlowControl(fleet, flow, store, tenant_metrics)
+    metrics.scrape_also(
+        lambda snapshot: FlowCollector(control.depths(), snapshot, control.store.health)
+    )
+    return control
 
 
 def _policy(settings: Settings, kv: KvWiring | None) -> Policy:

@@ -37,6 +37,7 @@ import yaml
 
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS, REPO
+from tests.support.metric_families import FLOW_METRIC_LABELS
 
 __all__: list[str] = []
 
@@ -564,6 +565,8 @@ def _dashboard_exprs() -> list[str]:
     return exprs
 
 
+# Every family a query may use: always exported, kv-aware's, flow control's.
+_METRIC_LABELS = METRIC_LABELS | KV_METRIC_LABELS | FLOW_METRIC_LABELS
 _METRIC = re.compile(r"\bheadcount_\w+")
 _SELECTOR = re.compile(r"\b(headcount_\w+)\s*\{([^}]*)\}")
 _MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"")
@@ -584,15 +587,14 @@ def _unknown_metrics(exprs: list[str]) -> set[str]:
         name
         for expr in exprs
         for name in _METRIC.findall(expr)
-        if _family(name) not in EXPORTED_METRICS | KV_METRIC_LABELS.keys()
+        if _family(name) not in _METRIC_LABELS
     }
 
 
 def _unknown_labels(expr: str) -> set[str]:
     """Labels an expression selects or groups by that none of its metrics carry."""
     families = {_family(name) for name in _METRIC.findall(expr)}
-    labels = METRIC_LABELS | KV_METRIC_LABELS
-    known = set(_TARGET_LABELS).union(*(labels.get(family, ()) for family in families))
+    known = set(_TARGET_LABELS).union(*(_METRIC_LABELS.get(family, ()) for family in families))
     if any(name.endswith("_bucket") for name in _METRIC.findall(expr)):
         known.add("le")
     used = {
@@ -616,6 +618,7 @@ def test_dashboard_uses_only_exported_metrics() -> None:
 def test_dashboard_shows_every_exported_metric() -> None:
     shown = {_family(name) for expr in _dashboard_exprs() for name in _METRIC.findall(expr)}
     assert EXPORTED_METRICS - shown == set()
+    assert FLOW_METRIC_LABELS.keys() - shown == set(), "flow control's metrics"
 
 
 def test_queries_use_only_labels_their_metrics_carry() -> None:

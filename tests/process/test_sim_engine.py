@@ -194,7 +194,20 @@ async def test_streamed_completion_chunks_carry_text(
     assert events[-1] == b"[DONE]" and len(events) == 4
     chunks = [json.loads(data) for data in events[:-1]]
     assert all(c["object"] == "text_completion" and c["choices"][0]["text"] for c in chunks)
-    assert "usage" not in chunks[-1]
+    assert all(c["usage"] is None for c in chunks)  # vLLM writes every field of these
+
+
+async def test_a_stream_asking_for_continuous_usage_has_it_on_every_chunk_then_the_total(
+    engine: SimEngine, session: aiohttp.ClientSession
+) -> None:
+    options = {"continuous_usage_stats": True}  # include_usage: vLLM's default, true
+    body = chat_request(max_tokens=3, stream=True, stream_options=options)
+    async with session.post(f"{engine.url}/v1/chat/completions", json=body) as response:
+        events = [data for _, data in await read_events(response)]
+    assert events[-1] == b"[DONE]"
+    *chunks, total = [json.loads(data) for data in events[:-1]]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3]
+    assert total["choices"] == [] and total["usage"] == chunks[-1]["usage"]
 
 
 async def test_stream_chunks_arrive_as_they_are_generated(

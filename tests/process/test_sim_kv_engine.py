@@ -131,7 +131,7 @@ async def test_cached_tokens_ride_on_the_stream_usage_chunk(
     }
     async with running_engine(EngineSimConfig(kv_blocks=40, block_size=BS)) as engine:
         url = f"{engine.url}/v1/completions"
-        await post(session, url, {**body, "stream": False})
+        await post(session, url, {**body, "stream": False, "stream_options": None})
         async with session.post(url, json=body) as response:
             lines = [line async for line in response.content if line.startswith(b"data: {")]
     usage = json.loads(lines[-1][len(b"data: ") :])["usage"]

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["EXPORTED_METRICS", "HISTOGRAMS", "KV_METRIC_LABELS", "METRIC_LABELS"]
+__all__ = [
+    "EXPORTED_METRICS",
+    "FLOW_METRIC_LABELS",
+    "HISTOGRAMS",
+    "KV_METRIC_LABELS",
+    "METRIC_LABELS",
+]
 
 # The metric families the README's metrics table promises, as named in the exposition
 # format (counters with `_total`, histograms by their base name).
@@ -39,6 +45,21 @@ KV_METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_kv_predicted_cached_tokens_total": frozenset({"engine"}),
     "headcount_kv_engine_reported_hit_tokens_total": frozenset({"engine"}),
 }
+# With --tenants-file only (flow control): tenants, the router's queue, the limits store.
+# `engine_capacity` has a series once the router has learned the engine's capacity.
+FLOW_METRIC_LABELS: dict[str, frozenset[str]] = {
+    "headcount_tenant_requests_total": frozenset({"tenant", "outcome"}),
+    "headcount_tenant_tokens_total": frozenset({"tenant", "kind"}),
+    "headcount_queue_seconds": frozenset({"tenant"}),
+    "headcount_queue_depth": frozenset({"priority"}),
+    "headcount_engine_capacity": frozenset({"engine"}),
+    "headcount_limits_store_up": frozenset(),
+    "headcount_limits_store_fail_open_total": frozenset(),
+}
 HISTOGRAMS = frozenset(
-    {"headcount_request_duration_seconds", "headcount_time_to_first_byte_seconds"}
+    {
+        "headcount_request_duration_seconds",
+        "headcount_time_to_first_byte_seconds",
+        "headcount_queue_seconds",
+    }
 )

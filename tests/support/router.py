@@ -21,6 +21,7 @@ from headcount.app import Router, build_kv_wiring, build_sources
 from headcount.config import (
     AuthSettings,
     DiscoverySettings,
+    FlowSettings,
     HealthSettings,
     ProbeSettings,
     ProxySettings,
@@ -96,8 +97,10 @@ async def router_before(
     drain_timeout: float = 5.0,
     routing: RoutingName = RoutingName.ROUND_ROBIN,
     tenants: str | None = None,
+    flow: FlowSettings | None = None,
+    probe_interval: float = 0.1,
 ) -> AsyncIterator[Running]:
-    """`tenants`: the text of a tenants file, None for none."""
+    """`tenants`: the text of a tenants file, None for none; `flow`: flow control's settings."""
     keys_file, engine_key_file = tmp_path / "client-keys", tmp_path / "engine-key"
     tenants_file = None if tenants is None else tmp_path / "tenants.toml"
     if tenants_file is not None and tenants is not None:
@@ -111,7 +114,7 @@ async def router_before(
         server=ServerSettings(host=HOST, port=port, admin_port=admin_port if admin else None),
         discovery=DiscoverySettings(backends=tuple(backends)),
         proxy=ProxySettings(routing=routing),
-        probe=ProbeSettings(interval=0.1, timeout=2.0),
+        probe=ProbeSettings(interval=probe_interval, timeout=2.0),
         health=HealthSettings(drain_delay=0.0, drain_timeout=drain_timeout),
         auth=AuthSettings(
             api_keys_file=keys_file if client_keys is not None else None,
@@ -119,6 +122,7 @@ async def router_before(
             tenants_file=tenants_file,
             key_file_check_interval=0.05,
         ),
+        flow=flow or FlowSettings(),
     )
     fleet = Fleet(unhealthy_after=1)
     kv = None

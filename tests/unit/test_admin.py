@@ -185,6 +185,7 @@ async def test_engines_describes_every_engine_with_its_state_load_and_origin() -
         "running": 0.0,
         "waiting": 0.0,
         "kv_cache_usage": None,
+        "capacity": None,
         "source": SOURCE,
         "object": "Pod/llm/a",
         "resource_version": "42",

@@ -80,8 +80,7 @@ def test_an_idle_tenant_gets_its_share_at_once_and_no_credit_for_being_away() ->
 def test_removed_entries_are_skipped_and_counted_out_at_once() -> None:
     queue: FairQueue[str] = FairQueue()
     entries = [
-        queue.push(f"i{n}", priority=n % 2, tenant="t", weight=1, flow="", cost=1)
-        for n in range(6)
+        queue.push(f"i{n}", priority=n % 2, tenant="t", weight=1, flow="", cost=1) for n in range(6)
     ]
     queue.remove(entries[1])
     queue.remove(entries[2])

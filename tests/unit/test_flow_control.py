@@ -27,14 +27,14 @@ class _Recorded:
         self.queued: list[tuple[str, float]] = []
         self.tokens: list[tuple[str, int, int]] = []
 
-    def tenant_request(self, tenant: str, outcome: str) -> None:
-        self.outcomes.append((tenant, outcome))
+    def tenant_request(self, tenant: Tenant, outcome: str) -> None:
+        self.outcomes.append((tenant.name, outcome))
 
-    def tenant_queued(self, tenant: str, seconds: float) -> None:
-        self.queued.append((tenant, seconds))
+    def tenant_queued(self, tenant: Tenant, seconds: float) -> None:
+        self.queued.append((tenant.name, seconds))
 
-    def tenant_tokens(self, tenant: str, prompt: int, completion: int) -> None:
-        self.tokens.append((tenant, prompt, completion))
+    def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None:
+        self.tokens.append((tenant.name, prompt, completion))
 
 
 class _Unlimited:

@@ -57,6 +57,7 @@ def test_every_timing_reaches_the_setting_its_flag_names() -> None:
         drain_timeout=4,
         kv_events_idle_timeout=3,
         kv_events_replay_timeout=0.7,
+        limits_store_timeout=0.15,
     )
     assert all(getattr(timings, f.name) is not None for f in dataclasses.fields(Timings)), (
         "a timing this test leaves unset is a flag nobody checked"
@@ -76,11 +77,14 @@ def test_every_timing_reaches_the_setting_its_flag_names() -> None:
     assert (health.drain_delay, health.drain_timeout) == (0, 4)
     kv = settings.kv_events
     assert (kv.idle_timeout, kv.replay_timeout) == (3, 0.7)
+    assert settings.flow.limits_store_timeout == 0.15
 
 
 def test_discovery_routing_and_health_flags_reach_their_settings(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("{}\n")
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text("[default]\n")
     flags = RouterFlags(
         discovery=DiscoveryMode.K8S_PODS,
         kubeconfig=kubeconfig,
@@ -93,6 +97,8 @@ def test_discovery_routing_and_health_flags_reach_their_settings(tmp_path: Path)
         tokenizer="builtin",
         kv_events_port=6557,
         kv_events_replay_port=6558,
+        tenants_file=tenants,
+        limits_store="redis://127.0.0.9:6380",
     )
 
     settings = parsed(serve_command(flags, host="127.0.0.3", port=8081))
@@ -107,6 +113,8 @@ def test_discovery_routing_and_health_flags_reach_their_settings(tmp_path: Path)
     assert settings.health.ready_requires_fresh
     kv = settings.kv_events
     assert (kv.tokenizer, kv.port, kv.replay_port) == ("builtin", 6557, 6558)
+    assert settings.auth.tenants_file == tenants
+    assert settings.flow.limits_store == "redis://127.0.0.9:6380"
 
 
 def test_what_the_caller_leaves_out_keeps_the_routers_defaults() -> None:

@@ -33,6 +33,7 @@ import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
+from headcount.auth.tenants import Tenant
 from headcount.config import FlowSettings
 from headcount.fleet import Engine, Fleet, FleetChange
 from headcount.flow.limits import Charge, LimitsStore, Verdict, ratelimit_headers
@@ -48,11 +49,11 @@ _TICK = 0.25
 class FlowMetrics(Protocol):
     """What flow control counts (`surfaces/metrics.py` implements it)."""
 
-    def tenant_request(self, tenant: str, outcome: str) -> None: ...
+    def tenant_request(self, tenant: Tenant, outcome: str) -> None: ...
 
-    def tenant_queued(self, tenant: str, seconds: float) -> None: ...
+    def tenant_queued(self, tenant: Tenant, seconds: float) -> None: ...
 
-    def tenant_tokens(self, tenant: str, prompt: int, completion: int) -> None: ...
+    def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None: ...
 
 
 class _Waiting:
@@ -100,6 +101,14 @@ class FlowControl:
         self._dispatch_soon: asyncio.Handle | None = None
         self._tick: asyncio.TimerHandle | None = None
         fleet.subscribe(self._on_fleet_change)
+
+    async def close(self) -> None:
+        """Stop dispatching (the proxy has closed every waiting request) and close the store."""
+        for handle in (self._tick, self._dispatch_soon):
+            if handle is not None:
+                handle.cancel()
+        self._tick = self._dispatch_soon = None
+        await self.store.close()
 
     # -- what the surfaces read ---------------------------------------------------------------
 
@@ -208,7 +217,7 @@ class FlowControl:
             if engine is None:
                 self._give_back(ask, verdict)
                 return self._refuse(ask, "no_engine", "the routing policy chose no engine", 1.0)
-            self._metrics.tenant_queued(ask.tenant.name, 0.0)
+            self._metrics.tenant_queued(ask.tenant, 0.0)
             return self._grant(ask, engine, verdict)
         refusal = self._cannot_wait(ask, candidates)
         if refusal is not None:
@@ -231,14 +240,14 @@ class FlowControl:
         name = ask.tenant.name
         self._active[name] = self._active.get(name, 0) + 1
         self._busy_add(engine.id, 1)
-        self._metrics.tenant_request(name, "admitted")
+        self._metrics.tenant_request(ask.tenant, "admitted")
         return Grant(engine, Ticket(self, ask, engine.id, verdict))
 
     def _refuse(
         self, ask: Ask, outcome: str, message: str, retry_after: float, headers: bytes = b""
     ) -> Refusal:
-        self._metrics.tenant_request(ask.tenant.name, outcome)
-        return Refusal(outcome, message, max(retry_after, 1.0), headers)
+        self._metrics.tenant_request(ask.tenant, outcome)
+        return Refusal(outcome, message, max(retry_after, 1.0) if retry_after > 0 else 0.0, headers)
 
     def _give_back(self, ask: Ask, verdict: Verdict | None) -> None:
         """A charged request was refused after all: its reserved tokens go back."""
@@ -329,7 +338,7 @@ class FlowControl:
 
     def _client_left(self, waiting: _Waiting) -> None:
         self._give_back(waiting.ask, waiting.verdict)
-        self._metrics.tenant_request(waiting.ask.tenant.name, "client_left")
+        self._metrics.tenant_request(waiting.ask.tenant, "client_left")
 
     def _soon(self) -> None:
         if self._queued and self._dispatch_soon is None:
@@ -370,7 +379,7 @@ class FlowControl:
                         )
                     )
                     continue
-                self._metrics.tenant_queued(waiting.ask.tenant.name, now - waiting.since)
+                self._metrics.tenant_queued(waiting.ask.tenant, now - waiting.since)
                 waiting.future.set_result(self._grant(waiting.ask, engine, waiting.verdict))
                 if not self._has_room(engine):
                     room = [e for e in room if e is not engine]
@@ -404,6 +413,6 @@ class FlowControl:
         if prompt is None and completion is None:
             return
         used = (prompt or 0) + (completion or 0)
-        self._metrics.tenant_tokens(name, prompt or 0, completion or 0)
+        self._metrics.tenant_tokens(ticket.tenant, prompt or 0, completion or 0)
         if ticket.reserved > 0:
             self.store.settle(name, ticket.window, used - ticket.reserved)

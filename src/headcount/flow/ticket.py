@@ -51,6 +51,7 @@ class Refusal(NamedTuple):
     `queue_timeout`, or `no_engine` (the policy picked none)."""
     message: str
     retry_after: float
+    """Seconds (at least 1); 0 when waiting cannot help (the request alone is over a limit)."""
     headers: bytes
     """`x-ratelimit-*` lines for a tenant with limits (b"" otherwise)."""
 
@@ -58,7 +59,7 @@ class Refusal(NamedTuple):
 class Ticket:
     """A granted request's hold on flow control, given back once by `done`."""
 
-    __slots__ = ("_owner", "engine_id", "headers", "reserved", "tenant", "window")
+    __slots__ = ("_owner", "drop_usage", "engine_id", "headers", "reserved", "tenant", "window")
 
     def __init__(
         self, owner: TicketOwner, ask: Ask, engine_id: str, verdict: Verdict | None
@@ -72,6 +73,9 @@ class Ticket:
         self.window = 0 if verdict is None else verdict.window
         self.headers = b"" if verdict is None else ratelimit_headers(verdict)
         """`x-ratelimit-*` lines the answer carries."""
+        self.drop_usage = False
+        """The router asked the engine for usage the client did not ask for: the answer's
+        usage event is not the client's."""
 
     def moved(self, engine_id: str) -> None:
         """The request failed over to `engine_id`: its slot moves there."""

@@ -30,10 +30,14 @@ from typing import Any, NamedTuple
 
 from headcount._http.handler import Request
 from headcount._http.pool import Upstreams
+from headcount._http.wire import JSON_HEADER
 from headcount.auth import Credentials
 from headcount.config import ProxySettings
 from headcount.fleet import Engine, Fleet, Snapshot
+from headcount.flow.control import FlowControl
+from headcount.flow.ticket import Grant, Refusal, Ticket
 from headcount.proxy import payload
+from headcount.proxy.demand import Demand, demand_of, refusal_answer
 from headcount.proxy.errors import (
     BODY_TOO_COMPLEX,
     BODY_UNREADABLE_NOW,
@@ -64,6 +68,10 @@ class Admitted(NamedTuple):
 
     engine: Engine
     features: RequestFeatures
+    ticket: Ticket | None = None
+    """Flow control's hold, given back at the request's end (None: flow control off)."""
+    body: bytes | None = None
+    """The body to forward when it is not the client's (usage asked for)."""
 
 
 class Refused(NamedTuple):
@@ -71,6 +79,8 @@ class Refused(NamedTuple):
 
     answer: ErrorAnswer
     label: str
+    headers: bytes = JSON_HEADER
+    """The answer's header lines."""
 
 
 class Later(NamedTuple):
@@ -89,19 +99,21 @@ class Admission:
         settings: ProxySettings,
         upstreams: Upstreams,
         credentials: Credentials | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
         """Routes within `fleet`'s snapshot with `policy`; large bodies are read by a pool of
         `settings.parse_workers`; `upstreams` carry the `kv-aware` policy's `/tokenize`, with
-        the `Authorization` `credentials` give forwarded requests (None: the client's)."""
+        the `Authorization` `credentials` give forwarded requests (None: the client's).
+        `flow` (with a tenants file) decides when and whether each request goes on."""
         self._fleet = fleet
         self._policy = policy
+        self._flow = flow
+        self._credentials = credentials or Credentials()
         self._inline_parse_max = settings.inline_parse_max
         self._parser = ParsePool(settings.parse_workers, settings.parse_worker_memory)
         self._kv = policy if isinstance(policy, KvAware) else None
         self._prompts = (
-            None
-            if self._kv is None
-            else _Prompts(self._kv, upstreams, credentials or Credentials())
+            None if self._kv is None else _Prompts(self._kv, upstreams, self._credentials)
         )
 
     def admit(self, request: Request) -> Admitted | Refused | Later:
@@ -109,25 +121,34 @@ class Admission:
         if len(request.body) > self._inline_parse_max:
             # Parsing a large body could stall the loop: a worker process reads it.
             return Later(self._read_large(request))
-        prompts = self._prompts
+        prompts, flow = self._prompts, self._flow
         if prompts is not None:
-            return prompts.admit(request, self._fleet)
+            return prompts.admit(request, self._fleet, flow, self._credentials)
         policy, headers = self._policy, request.headers
-        read = payload.read_payload(
-            request.body, policy.key_source, lambda name: find_header(headers, name)
-        )
-        return _route(read, self._fleet.snapshot, policy)
+        if flow is None:
+            read = payload.read_payload(
+                request.body, policy.key_source, lambda name: find_header(headers, name)
+            )
+            return _route(read, self._fleet.snapshot, policy)
+        body = payload.parse_request(request.body)
+        if isinstance(body, str):
+            return _REFUSALS[body]
+        source = policy.key_source
+        key = None if source is None else source(body, lambda name: find_header(headers, name))
+        demand = demand_of(flow, self._credentials, request, body)
+        return _route((body["model"], key), self._fleet.snapshot, policy, demand=demand)
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
         await self._parser.close()
 
     async def _read_large(self, request: Request) -> Admitted | Refused:
-        policy = self._policy
+        policy, flow = self._policy, self._flow
         read = await self._parser.read(
             request.body, policy.key_source, request.headers, request.client
         )
-        return _route(read, self._fleet.snapshot, policy, self._kv)
+        demand = None if flow is None else demand_of(flow, self._credentials, request, None)
+        return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, demand=demand))
 
 
 _REFUSALS = {
@@ -151,16 +172,19 @@ def _route(
     policy: Policy,
     kv: KvAware | None = None,
     prompt: Sequence[int] | None = None,
-) -> Admitted | Refused:
+    *,
+    demand: Demand | None = None,
+) -> Admitted | Refused | Later:
     """The policy's decision for a body already read (`read` is `payload`'s outcome); for
-    the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O, no waiting."""
+    the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O; a wait only
+    for flow control (`demand`)."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
         return Refused(*unroutable(snapshot, model))
-    return _select(model, key, candidates, policy, kv, prompt)
+    return _select(model, key, candidates, policy, kv, prompt, demand)
 
 
 def _select(
@@ -170,13 +194,56 @@ def _select(
     policy: Policy,
     kv: KvAware | None,
     prompt: Sequence[int] | None,
-) -> Admitted | Refused:
-    """The policy's choice among `candidates` (not empty) for `model`."""
+    demand: Demand | None = None,
+) -> Admitted | Refused | Later:
+    """The policy's choice among `candidates` (not empty) for `model`; with flow control
+    (`demand`), among those with room, or later, or refused."""
     features = RequestFeatures(model, key, None if kv is None else kv.request(model, prompt))
+    if demand is not None:
+        return _flow_select(demand, features, candidates, policy, prompt)
     engine = policy.select(candidates, features)
     if engine is None:
         return Refused(no_engine(f"the routing policy chose no engine for `{model}`"), model)
     return Admitted(engine, features)
+
+
+def _flow_select(
+    demand: Demand,
+    features: RequestFeatures,
+    candidates: Sequence[Engine],
+    policy: Policy,
+    prompt: Sequence[int] | None,
+) -> Admitted | Refused | Later:
+    """Flow control's decision, the policy choosing among the engines with room."""
+    ask = demand.ask(features.model, None if prompt is None else len(prompt))
+    decided = demand.control.admit(ask, candidates, lambda room: policy.select(room, features))
+    if isinstance(decided, (Grant, Refusal)):
+        return _granted(decided, features, demand)
+    return Later(_granted_later(decided, features, demand))
+
+
+def _granted(
+    decided: Grant | Refusal, features: RequestFeatures, demand: Demand
+) -> Admitted | Refused:
+    if isinstance(decided, Refusal):
+        answer, headers = refusal_answer(decided)
+        return Refused(answer, features.model, headers)
+    ticket = decided.ticket
+    ticket.drop_usage = demand.forward is not None
+    return Admitted(decided.engine, features, ticket, demand.forward)
+
+
+async def _granted_later(
+    decided: Awaitable[Grant | Refusal], features: RequestFeatures, demand: Demand
+) -> Admitted | Refused:
+    return _granted(await decided, features, demand)
+
+
+async def _decided(decision: Admitted | Refused | Later) -> Admitted | Refused:
+    """`decision`, awaited if it is a `Later`."""
+    if isinstance(decision, Later):
+        return await decision.decision
+    return decision
 
 
 _PROMPT_KINDS: dict[bytes, PromptKind] = {
@@ -201,7 +268,13 @@ class _Prompts:
             answer_max=routing.tokenize_answer_max,
         )
 
-    def admit(self, request: Request, fleet: Fleet) -> Admitted | Refused | Later:
+    def admit(
+        self,
+        request: Request,
+        fleet: Fleet,
+        flow: FlowControl | None,
+        credentials: Credentials,
+    ) -> Admitted | Refused | Later:
         """Route a body small enough to read here, asking an engine for its ids if need be;
         a model no engine takes is refused before any tokenizing."""
         kv, body, snapshot = self._kv, payload.parse_request(request.body), fleet.snapshot
@@ -211,16 +284,17 @@ class _Prompts:
         candidates = snapshot.candidates(model)
         if not candidates:
             return Refused(*unroutable(snapshot, model))
+        demand = None if flow is None else demand_of(flow, credentials, request, body)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
-            return _select(model, None, candidates, kv, kv, None)
+            return _select(model, None, candidates, kv, kv, None, demand)
         tokenizer = self._tokenizer
         if tokenizer is None:
-            return Later(self._asked(body, kind, candidates, request, fleet))
+            return Later(self._asked(body, kind, candidates, request, fleet, demand))
         ids = None
         if len(request.body) <= self._inline_max:
             ids = local_ids(body, kind, tokenizer)
-        return _select(model, None, candidates, kv, kv, ids)
+        return _select(model, None, candidates, kv, kv, ids, demand)
 
     async def _asked(
         self,
@@ -229,6 +303,7 @@ class _Prompts:
         candidates: Sequence[Engine],
         request: Request,
         fleet: Fleet,
+        demand: Demand | None,
     ) -> Admitted | Refused:
         """Route after asking one of `candidates` for the prompt's ids (the fleet may have
         changed meanwhile: routed within its snapshot then)."""
@@ -239,4 +314,5 @@ class _Prompts:
             body_size=len(request.body),
             authorization=find_header(request.headers, b"authorization"),
         )
-        return _route((body["model"], None), fleet.snapshot, self._kv, self._kv, ids)
+        read = (body["model"], None)
+        return await _decided(_route(read, fleet.snapshot, self._kv, self._kv, ids, demand=demand))

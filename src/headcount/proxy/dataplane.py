@@ -74,6 +74,7 @@ from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
 from headcount.config import DnsSettings, ProxySettings
 from headcount.fleet import Fleet, FleetChange
+from headcount.flow.control import FlowControl
 from headcount.proxy.admission import Admission, Admitted, Later, Refused
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY, ErrorAnswer
 from headcount.proxy.exchange import Exchange, ExchangeContext
@@ -91,10 +92,10 @@ _PROXIED = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddi
 _OPEN_PATHS = frozenset({b"/livez", b"/readyz", b"/health"})
 _OPEN_PREFIXES = (b"/livez/", b"/readyz/")
 """The health endpoints: kubelet probes carry no key."""
-_MISSING_KEY = Refused(MISSING_API_KEY, UNKNOWN_MODEL)
-_INVALID_KEY = Refused(INVALID_API_KEY, UNKNOWN_MODEL)
 _UNAUTHORIZED_HEADERS = JSON_HEADER + b"www-authenticate: Bearer\r\n"
 _POST_ONLY_HEADERS = JSON_HEADER + b"allow: POST\r\n"
+_MISSING_KEY = Refused(MISSING_API_KEY, UNKNOWN_MODEL, _UNAUTHORIZED_HEADERS)
+_INVALID_KEY = Refused(INVALID_API_KEY, UNKNOWN_MODEL, _UNAUTHORIZED_HEADERS)
 
 
 class Proxy:
@@ -112,12 +113,13 @@ class Proxy:
         resolver: Resolver | None = None,
         dial: Dial | None = None,
         resources: LocalResources | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
         """`credentials` None: no key needed, the client's `Authorization` passes through.
         `resolver` looks engine host names up (shared with the probes; default: a fresh one
         with the default `DnsSettings`), `dial` opens engine connections (tests inject here).
         `resources` hears of the router's own resources running out (None: one counting into
-        `metrics` and seeing what they count)."""
+        `metrics` and seeing what they count). `flow`: flow control (a tenants file), None off."""
         self.fleet = fleet
         self.policy = policy
         self.metrics = metrics
@@ -146,7 +148,10 @@ class Proxy:
                 dial=dial,
             )
         )
-        self._admission = Admission(fleet, policy, settings, self.upstreams, self._credentials)
+        self.flow = flow
+        self._admission = Admission(
+            fleet, policy, settings, self.upstreams, self._credentials, flow
+        )
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
@@ -345,11 +350,12 @@ class Proxy:
             return
         line = b"POST %s HTTP/1.1\r\n" % request.target
         authorization = self._credentials.forward_authorization
-        tail, request_id = forward_headers(request.headers, len(request.body), authorization)
+        body = request.body if decision.body is None else decision.body
+        tail, request_id = forward_headers(request.headers, len(body), authorization)
         if request_id is None:
             request_id = self._new_request_id()
             tail = b"x-request-id: %s\r\n%s" % (request_id, tail)
-        wire = (line, tail, request.body)
+        wire = (line, tail, body)
         exchange = Exchange(
             self._context,
             responder,
@@ -359,6 +365,7 @@ class Proxy:
             request_id,
             wire,
             request.path,
+            decision.ticket,
         )
         responder.attach(exchange)
         exchange.begin(decision.engine)
@@ -366,15 +373,17 @@ class Proxy:
     def _wrong_method(self, request: Request, responder: Responder) -> None:
         method, path = request.method.decode("latin-1"), request.path.decode("latin-1")
         refused = Refused(
-            ErrorAnswer(405, method_not_allowed_body(method, path, "POST")), UNKNOWN_MODEL
+            ErrorAnswer(405, method_not_allowed_body(method, path, "POST")),
+            UNKNOWN_MODEL,
+            _POST_ONLY_HEADERS,
         )
         loop = self._loop or asyncio.get_running_loop()
-        self._refuse(request, responder, refused, loop.time(), _POST_ONLY_HEADERS)
+        self._refuse(request, responder, refused, loop.time())
 
     def _unauthorized(self, request: Request, responder: Responder) -> None:
         refused = _MISSING_KEY if bearer_token(request.headers) is None else _INVALID_KEY
         loop = self._loop or asyncio.get_running_loop()
-        self._refuse(request, responder, refused, loop.time(), _UNAUTHORIZED_HEADERS)
+        self._refuse(request, responder, refused, loop.time())
 
     def _refuse(
         self,
@@ -382,11 +391,10 @@ class Proxy:
         responder: Responder,
         refused: Refused,
         started: float,
-        headers: bytes = JSON_HEADER,
     ) -> None:
         status, body = refused.answer
         request_id = self._request_id(request)
-        responder.respond(status, headers + b"x-request-id: %s\r\n" % request_id, body)
+        responder.respond(status, refused.headers + b"x-request-id: %s\r\n" % request_id, body)
         loop = self._loop or asyncio.get_running_loop()
         duration, outcome = loop.time() - started, whole(status)
         self.metrics.request_done(refused.label, status, outcome, duration, None)

@@ -68,6 +68,7 @@ from headcount._http.upstream import ResponseHead, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
 from headcount.fleet import Engine, EngineLoad, Fleet, Snapshot
 from headcount.fleet.outliers import GATEWAY_ERROR, HTTP_5XX
+from headcount.flow.ticket import Ticket
 from headcount.proxy.errors import (
     INTERNAL_ERROR,
     ErrorAnswer,
@@ -76,8 +77,10 @@ from headcount.proxy.errors import (
     upstream_failed,
     upstream_timed_out,
 )
-from headcount.proxy.headers import response_headers
+from headcount.proxy.headers import find_header, response_headers
+from headcount.proxy.metering import TappedResponder
 from headcount.proxy.stalls import StallWatch
+from headcount.proxy.usage import UsageTap
 from headcount.routing import Policy, RequestFeatures
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, Metrics, whole
@@ -148,6 +151,7 @@ class Exchange:
         "_status",
         "_suspect",
         "_task",
+        "_ticket",
         "_timer",
         "_tried",
         "_ttfb",
@@ -165,9 +169,11 @@ class Exchange:
         request_id: bytes,
         wire: tuple[bytes, bytes, bytes],
         path: bytes,
+        ticket: Ticket | None = None,
     ) -> None:
         """`wire`: the request line, headers after `host` (blank line included), the body;
-        `path` the request's, for the access log."""
+        `path` the request's, for the access log. `ticket`: flow control's hold, given back
+        at the end with the usage the answer reports (`metering.py`)."""
         self._context = context
         self._responder = responder
         self._loop = loop
@@ -193,6 +199,7 @@ class Exchange:
         self._waiting_in: dict[Exchange, None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._prefill: tuple[EngineLoad, int] | None = None
+        self._ticket = ticket
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -262,6 +269,8 @@ class Exchange:
         if engine is not None:
             self._failovers += 1
             tried.append(engine.id)
+            if self._ticket is not None:
+                self._ticket.moved(engine.id)
         return engine
 
     def _release(self, failed: bool) -> None:
@@ -362,6 +371,13 @@ class Exchange:
                 kv, engine = self._features.kv, self._engine
                 if kv is not None and engine is not None:
                     block += kv.receipt(engine)
+                ticket = self._ticket
+                if ticket is not None:
+                    block += ticket.headers
+                    tap = UsageTap.for_response(
+                        find_header(head.headers, b"content-type"), ticket.drop_usage
+                    )
+                    self._responder = TappedResponder(self._responder, tap)
                 self._responder.start(
                     head.status, head.reason, block, head.content_length, body, complete
                 )
@@ -495,9 +511,10 @@ class Exchange:
     # -- endings ------------------------------------------------------------------------------
 
     def _fail(self, answer: ErrorAnswer) -> None:
-        self._responder.respond(
-            answer.status, JSON_HEADER + b"x-request-id: %s\r\n" % self._request_id, answer.body
-        )
+        headers = JSON_HEADER + b"x-request-id: %s\r\n" % self._request_id
+        if self._ticket is not None:
+            headers += self._ticket.headers
+        self._responder.respond(answer.status, headers, answer.body)
         self._bytes_out = len(answer.body)
         self._end(answer.status, whole(answer.status))
 
@@ -523,11 +540,33 @@ class Exchange:
         if suspect is not None:  # no other engine answered: the 5xx counts after all
             self._suspect = None
             self._count_error(suspect, HTTP_5XX)
+        ticket = self._ticket
+        if ticket is not None:
+            self._settle(ticket, status)
         duration = self._loop.time() - self._started
         context, model = self._context, self._features.model
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)
         if context.access.wants(status >= 500 or outcome == CUT or self._failovers > 0):
             context.access.write(self._entry(status, outcome, duration))
+
+    def _settle(self, ticket: Ticket, status: int) -> None:
+        """Give flow control its hold back, with the tokens the answer reported; an answer
+        that is no success used none, a success that reported none (cut) keeps its
+        reservation."""
+        responder = self._responder
+        if isinstance(responder, TappedResponder):
+            prompt, completion = responder.tap.prompt_tokens, responder.tap.completion_tokens
+            if prompt is not None or completion is not None:
+                ticket.done(prompt, completion)
+                return
+        if not 200 <= status < 300:
+            ticket.done(0, 0)
+        else:
+            ticket.done()
+
+    def _dropped(self) -> int:
+        responder = self._responder
+        return responder.dropped if isinstance(responder, TappedResponder) else 0
 
     def _entry(self, status: int, outcome: str, duration: float) -> AccessEntry:
         engine, kv = self._last, self._features.kv
@@ -542,7 +581,7 @@ class Exchange:
             ttfb=self._ttfb,
             duration=duration,
             bytes_in=len(self._wire[2]),
-            bytes_out=self._bytes_out,
+            bytes_out=self._bytes_out - self._dropped(),
             failovers=self._failovers,
             cut=outcome == CUT,
             cached_tokens=None if kv is None or engine is None else kv.predicted.get(engine.id, 0),

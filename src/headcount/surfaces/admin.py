@@ -182,6 +182,7 @@ def _engine_json(engine: Engine, snapshot: Snapshot, now: float) -> dict[str, An
         "running": engine.load.running,
         "waiting": engine.load.waiting,
         "kv_cache_usage": engine.load.kv_usage,
+        "capacity": engine.load.capacity,
         "source": spec.source,
         "object": spec.object_ref,
         "resource_version": spec.resource_version,

@@ -40,6 +40,7 @@ class Timings:
     drain_timeout: float | None = None
     kv_events_idle_timeout: float | None = None
     kv_events_replay_timeout: float | None = None
+    limits_store_timeout: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,8 @@ class RouterFlags:
     """`NAME=ADDRESS` pairs: engine host names answered without a lookup."""
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
+    tenants_file: Path | None = None
+    limits_store: str | None = None
     timings: Timings = field(default_factory=Timings)
 
     def argv(self) -> list[str]:

@@ -3,6 +3,9 @@
 A malformed body or an unknown model gets vLLM's status and error type (400
 BadRequestError, 404 NotFoundError), never a generation. The prompt becomes
 token ids (`prompts`); `max_completion_tokens` counts as `max_tokens` for chats.
+`stream_options` reads as vLLM's pydantic model does: an object without
+`include_usage` asks for usage (its default), `continuous_usage_stats` counts
+only with it, and options on a request that does not stream are refused.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class Generation:
     max_tokens: int
     include_usage: bool
     prompt_ids: Sequence[int]
+    continuous_usage: bool = False
+    """Usage on every chunk too (`stream_options.continuous_usage_stats`)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -83,16 +88,32 @@ def parse_generation(
     body = parse_object(raw)
     model = requested_model(body, base_model, served)
     prompt_ids = (chat_prompt_ids if kind == "chat" else completion_prompt_ids)(body, tokenizer)
-    stream_options = body.get("stream_options")
+    stream = body.get("stream") is True
+    include_usage, continuous_usage = _stream_usage(body.get("stream_options"), stream)
     return Generation(
         kind=kind,
         model=model,
-        stream=body.get("stream") is True,
+        stream=stream,
         max_tokens=_max_tokens(body, kind),
-        include_usage=isinstance(stream_options, dict)
-        and stream_options.get("include_usage") is True,
+        include_usage=include_usage,
         prompt_ids=prompt_ids,
+        continuous_usage=continuous_usage,
     )
+
+
+def _stream_usage(options: object, stream: bool) -> tuple[bool, bool]:
+    """vLLM's reading of `stream_options`: the usage chunk, and usage on every chunk."""
+    if options and not stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.")
+    if options is None or not stream:
+        return False, False
+    if not isinstance(options, dict):
+        raise bad_request("`stream_options` must be an object")
+    include = options.get("include_usage", True)
+    continuous = options.get("continuous_usage_stats", False)
+    if not all(value is None or isinstance(value, bool) for value in (include, continuous)):
+        raise bad_request("`stream_options` fields must be booleans")
+    return include is True, include is True and continuous is True
 
 
 def embedding_inputs(body: dict[str, Any]) -> list[object]:

@@ -1,7 +1,8 @@
 """The bodies the engine answers with, shaped as vLLM's: completions, stream chunks, embeddings.
 
 Streams are the hot path of the router's benchmarks, so a chunk is prebuilt
-bytes around a prebuilt token: two joins, no JSON encoding per token.
+bytes around a prebuilt token: two joins, no JSON encoding per token (unless
+the request asks for usage on every chunk, `continuous_usage_stats`).
 """
 
 from __future__ import annotations
@@ -71,29 +72,54 @@ def completion_body(
 
 @dataclass(frozen=True, slots=True)
 class ChunkFrames:
-    """Prebuilt bytes around each token of one stream, so a chunk is two joins."""
+    """Prebuilt bytes around each token of one stream, so a chunk is two joins.
+
+    A chunk ends with `close`: a chat chunk has no `usage` (vLLM leaves unset
+    fields out), a completion chunk has `"usage":null` (vLLM writes them all);
+    with `continuous_prompt` set, every chunk carries its usage so far instead.
+    """
 
     first_prefix: bytes
     prefix: bytes
     suffix: bytes
     last_suffix: bytes
+    close: bytes
+    continuous_prompt: int | None = None
 
     @classmethod
-    def build(cls, kind: Kind, head: bytes) -> ChunkFrames:
-        tail = b',"logprobs":null,"finish_reason":%s,"stop_reason":null}]}\n\n'
+    def build(cls, kind: Kind, head: bytes, continuous_prompt: int | None = None) -> ChunkFrames:
+        tail = b',"logprobs":null,"finish_reason":%s,"stop_reason":null}]'
         if kind == "chat":
+            close = b"}\n\n"
             return cls(
                 first_prefix=head + b'"delta":{"role":"assistant","content":',
                 prefix=head + b'"delta":{"content":',
-                suffix=b"}" + tail % b"null",
-                last_suffix=b"}" + tail % b'"length"',
+                suffix=b"}" + tail % b"null" + close,
+                last_suffix=b"}" + tail % b'"length"' + close,
+                close=close,
+                continuous_prompt=continuous_prompt,
             )
-        return cls(head + b'"text":', head + b'"text":', tail % b"null", tail % b'"length"')
+        close = b',"usage":null}\n\n'
+        return cls(
+            head + b'"text":',
+            head + b'"text":',
+            tail % b"null" + close,
+            tail % b'"length"' + close,
+            close,
+            continuous_prompt,
+        )
 
     def chunk(self, index: int, last: bool) -> bytes:
         prefix = self.first_prefix if index == 0 else self.prefix
         token = TOKEN_JSON[index % len(TOKEN_JSON)]
-        return prefix + token + (self.last_suffix if last else self.suffix)
+        suffix = self.last_suffix if last else self.suffix
+        prompt = self.continuous_prompt
+        if prompt is None:
+            return prefix + token + suffix
+        usage = {"prompt_tokens": prompt, "total_tokens": prompt + index + 1}
+        usage["completion_tokens"] = index + 1
+        closed = b',"usage":' + json_bytes(usage) + b"}\n\n"
+        return prefix + token + suffix[: -len(self.close)] + closed
 
     def all_chunks(self, tokens: int) -> bytes:
         last = tokens - 1
@@ -110,7 +136,8 @@ def stream_head(generation: Generation, response_id: str, name: str) -> tuple[by
         "system_fingerprint": name,
     }
     head = b"data: " + json_bytes(fields)[:-1] + b","
-    return head, ChunkFrames.build(generation.kind, head + b'"choices":[{"index":0,')
+    continuous = generation.prompt_tokens if generation.continuous_usage else None
+    return head, ChunkFrames.build(generation.kind, head + b'"choices":[{"index":0,', continuous)
 
 
 def _embedding(value: object) -> list[float]:
