@@ -13,8 +13,11 @@ Method (the numbers are only as good as this):
   - `batch-a`, `batch-b` (priority 0, weights 1 and 2): closed loop, 24 workers
     each, 48 in all, 3x the fleet's slots: the flood. Equal workers, so without
     flow control each gets half the engines' time whatever its weight;
-  - `capped` (`tokens_per_minute = 20000`): 4 closed-loop workers with ~410-token
-    prompts, wanting ~8 requests/s where 49 a minute fit;
+  - `capped` (`tokens_per_minute = 20000`, priority 0, weight 1): 4 closed-loop
+    workers, wanting ~8 requests/s where 49 a minute fit. The priority-0 tenants
+    all send ~410-token requests (400-word prompts): fair shares are counted in
+    tokens, so with short batch prompts `capped`'s quarter share would hold it
+    below its limit and the limit would go untested;
   - `sheddable` (priority -1): open loop at 25 % of capacity, in the second part
     of the window only (`late`).
   A closed-loop worker refused waits `Retry-After`, at most 0.25 s.
@@ -28,9 +31,11 @@ Method (the numbers are only as good as this):
   `--points` multiple of capacity, for the plot), then the main run: every tenant
   at the 3x flood (`fleet-alone`: one run, twice a load point's window). Each run
   waits for the engines to be idle, warms up (and, in headcount-flow's main run,
-  until `capped` has been refused once and admitted again, up to 75 s: a
-  per-minute window starts with a whole minute's allowance, and only from then on
-  is its rate the limit's), then measures a window of two parts (`sheddable`
+  until `capped` has had a whole minute of the router's limits store full and that
+  minute has ended, up to 135 s: a sliding minute starts with a minute's
+  allowance, taken at once, and only after a full minute is the rate exactly the
+  limit; the store's minutes are whole minutes of `time.monotonic()`, which every
+  process shares), then measures a window of two parts (`sheddable`
   sends in the second), stops every sender at its end and waits `--drain` s for
   the requests still open. Requests are counted by when they were sent.
 - Reported per target and tenant: sent, served (200 and the stream to

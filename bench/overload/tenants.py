@@ -49,7 +49,8 @@ class TenantLoad:
     workers: int = 0
     """Closed loop: concurrent workers at the full flood (scaled by the flood factor)."""
     prompt_words: int = 8
-    """About one token each under the simulator's built-in tokenizer."""
+    """About one token each under the simulator's built-in tokenizer (the simulator spends no
+    time on a prompt: every request's service time is its output's)."""
     late: bool = False
     """Sends only in the second half of the measured window (the sheddable phase)."""
 
@@ -62,12 +63,28 @@ INTERACTIVE = TenantLoad(
     weight=1,
     rate_rps=0.4 * CAPACITY_RPS,
 )
+LONG_PROMPT_WORDS = 400
+"""The priority-0 tenants' prompts, ~410 tokens a request with the answer: fair shares are
+counted in tokens, so `capped`'s share of the flood (a quarter: weight 1 of 4) is ~4.7
+requests/s when all ask alike, and its `tokens_per_minute` (~0.8/s), not its share, holds it."""
 BATCH = (
     TenantLoad(
-        "batch-a", "sk-batch-a", Sending.CLOSED, priority=0, weight=1, workers=3 * SLOTS // 2
+        "batch-a",
+        "sk-batch-a",
+        Sending.CLOSED,
+        priority=0,
+        weight=1,
+        workers=3 * SLOTS // 2,
+        prompt_words=LONG_PROMPT_WORDS,
     ),
     TenantLoad(
-        "batch-b", "sk-batch-b", Sending.CLOSED, priority=0, weight=2, workers=3 * SLOTS // 2
+        "batch-b",
+        "sk-batch-b",
+        Sending.CLOSED,
+        priority=0,
+        weight=2,
+        workers=3 * SLOTS // 2,
+        prompt_words=LONG_PROMPT_WORDS,
     ),
 )
 """Equal workers (1.5x the fleet's slots each, 3x together): without flow control each gets
@@ -78,9 +95,9 @@ CAPPED = TenantLoad(
     Sending.CLOSED,
     tokens_per_minute=20000,
     workers=4,
-    prompt_words=400,
+    prompt_words=LONG_PROMPT_WORDS,
 )
-"""~410 tokens a request, 4 workers: about 8 requests/s wanted, 49 a minute allowed."""
+"""4 workers: about 8 requests/s wanted, 49 a minute allowed."""
 SHEDDABLE = TenantLoad(
     "sheddable", "sk-sheddable", Sending.OPEN, priority=-1, rate_rps=0.25 * CAPACITY_RPS, late=True
 )

@@ -9,10 +9,11 @@ stream to its `[DONE]`), refused (any other status, with its `Retry-After`), or
 lost (no answer, a dropped connection, a stream cut short).
 
 The measured window opens after the warm-up; with `Plan.steady`, not before that
-tenant's limit has refused it once and admitted it again (a per-minute limit
-starts with a whole minute's allowance: only from then on is its rate the
-limit's). Every loop ends by the window's end; requests still open `drain_s`
-later are lost.
+tenant has had a whole minute of the router's limits store full and that minute
+has ended. A sliding window of a minute starts with a minute's allowance, taken
+at once, and a minute begun half-empty lets less than the limit through in the
+next one; only after a full one is the rate exactly the limit. Every loop ends
+by the window's end; requests still open `drain_s` later are lost.
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ __all__ = ["FULL_FLOOD", "Outcome", "Plan", "Traffic", "run_traffic"]
 FULL_FLOOD = 3.0
 """The flood `TenantLoad.workers` is sized for, in multiples of the fleet's capacity."""
 RETRY_CAP_S = 0.25
-REFUSAL_WAIT_S = 20.0
-"""With `Plan.steady`: how long to wait for that tenant's first refusal (none: unlimited)."""
-STEADY_MAX_S = 75.0
-"""...and for its first admission after it (a minute's window has turned)."""
+LIMIT_WINDOW_S = 60.0
+"""The in-process limits store counts per whole minute of `time.monotonic()`, a clock every
+process on the machine shares: the load generator knows where the router's minutes turn."""
+FULL_MINUTE = 0.9
+"""A minute in which the tenant got this share of its limit was full (its reservations,
+estimated above its usage, keep it a little under)."""
+STEADY_MAX_S = 135.0
+"""Longest wait for `Plan.steady` (a minute filled, then its end: two turns at worst)."""
 _SAMPLE_S = 0.5
 _MAX_REQUESTS_PER_WORKER = 100_000
 _CHAT_PATH = "/v1/chat/completions"
@@ -86,6 +91,8 @@ class Traffic:
     """The window, seconds after the start: requests sent in it are the measured ones."""
     late_s: float = 0.0
     """Where its second part begins, when `late` tenants start sending."""
+    steady: bool | None = None
+    """With `Plan.steady`: whether that tenant's limit was steady when the window opened."""
     waiting: list[int] = field(default_factory=list)
     """The engines' summed queue, sampled every 0.5 s in the window."""
 
@@ -213,13 +220,24 @@ class _Run:
                 self.traffic.waiting.append(waiting)
             await asyncio.sleep(_SAMPLE_S)
 
-    def _steady(self, tenant: TenantLoad) -> bool | None:
-        """True once `tenant` was admitted after a refusal; None while it was never refused."""
-        mine = [o for o in self.traffic.outcomes if o.tenant == tenant.name]
-        refused = [o.sent_s for o in mine if o.status is not None and o.status != 200]
-        if not refused:
-            return None
-        return any(o.served and o.sent_s > refused[0] for o in mine)
+    def _steady_from(self, tenant: TenantLoad) -> float | None:
+        """The first minute boundary (absolute) the tenant crossed with the minute before it
+        full: from there on it gets exactly its limit a minute. None: not yet."""
+        limit = tenant.tokens_per_minute
+        now = time.monotonic()
+        boundary = (self.start // LIMIT_WINDOW_S + 1) * LIMIT_WINDOW_S
+        while boundary <= now:
+            got = sum(
+                o.tokens
+                for o in self.traffic.outcomes
+                if o.tenant == tenant.name
+                and o.served
+                and boundary - LIMIT_WINDOW_S <= self.start + o.sent_s < boundary
+            )
+            if got >= FULL_MINUTE * limit:
+                return boundary
+            boundary += LIMIT_WINDOW_S
+        return None
 
     async def warm_up(self) -> None:
         await asyncio.sleep(self.plan.warmup_s)
@@ -227,9 +245,11 @@ class _Run:
         if tenant is None:
             return
         for _ in range(int(STEADY_MAX_S / 0.1)):
-            elapsed = time.monotonic() - self.start
-            steady = self._steady(tenant)
-            if steady or elapsed > STEADY_MAX_S or (steady is None and elapsed > REFUSAL_WAIT_S):
+            if self._steady_from(tenant) is not None:
+                self.traffic.steady = True
+                return
+            if time.monotonic() - self.start > STEADY_MAX_S:
+                self.traffic.steady = False
                 return
             await asyncio.sleep(0.1)
 
