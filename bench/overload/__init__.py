@@ -29,7 +29,10 @@ Method (the numbers are only as good as this):
   a 30 s timeout, refill 1/s; global, not per key, no priority, no token limits).
 - Per target: load points first (interactive plus the batch flood at each
   `--points` multiple of capacity, for the plot), then the main run: every tenant
-  at the 3x flood (`fleet-alone`: one run, twice a load point's window). Each run
+  at the 3x flood (`fleet-alone`: one run, twice a load point's window). A
+  router's first run warms up 10 s longer: flow control learns each engine's
+  capacity from its first saturation and sends on into the engines' queues until
+  then (`run.FIRST_WARMUP_S`). Each run
   waits for the engines to be idle, warms up (and, in headcount-flow's main run,
   until `capped` has had a whole minute of the router's limits store full and that
   minute has ended, up to 135 s: a sliding minute starts with a minute's
