@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench bench-hostile bench-soak bench-routing clean image
+.PHONY: install test lint typecheck pytest demo bench bench-hostile bench-soak bench-routing bench-overload clean image
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
@@ -93,3 +93,9 @@ clean:
 bench-routing: install
 	bash bench/common/peers.sh
 	$(BIN)/python -m bench.routing
+
+# Priorities, fair shares, limits and shedding under a 3x flood, beside vllm-router's limiter
+# (~5 minutes; `.venv/bin/python -m bench.overload --full` for ~15).
+bench-overload: install
+	bash bench/common/peers.sh
+	$(BIN)/python -m bench.overload

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["HttpAnswer", "http_call", "ok"]
@@ -30,12 +31,15 @@ def http_call(
     body: bytes | None = None,
     timeout_s: float = 5.0,
     host: str = "127.0.0.1",
+    headers: Mapping[str, str] | None = None,
 ) -> HttpAnswer | None:
-    """One request to `host`:`port`, whole body read (chunked decoded); None if unreachable."""
+    """One request to `host`:`port`, whole body read (chunked decoded); None if unreachable.
+    `headers` are sent besides a JSON `Content-Type` when there is a body."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    headers = {"Content-Type": "application/json"} if body is not None else {}
+    sent = {"Content-Type": "application/json"} if body is not None else {}
+    sent.update(headers or {})
     try:
-        conn.request(method, path, body=body, headers=headers)
+        conn.request(method, path, body=body, headers=sent)
         response = conn.getresponse()
         return HttpAnswer(response.status, response.read())
     except (OSError, http.client.HTTPException):

@@ -11,7 +11,12 @@ Method (the numbers are only as good as this):
 - Targets, each a small declarative entry in `TARGETS`: `direct` (no router: wrk's
   threads are pinned one per engine by lua/openai.lua, so each engine gets half
   the connections, the round-robin a router does, at no cost), `headcount`,
-  `vllm-router` and `sglang-router`, all round-robin over the same two engines.
+  `vllm-router` and `sglang-router`, all round-robin over the same two engines;
+  `headcount-tenants` is headcount with a tenants file of one unlimited tenant whose
+  key every request carries (flow control on, never saturated nor limited): beside
+  `headcount`, what flow control costs per request on a fleet with room; beside
+  `headcount-keys` (the same key in an `--api-keys-file`), what it costs over the key
+  check alone.
 - Workloads: chat non-streaming at 32 and 128 connections, streaming (20 chunks)
   at 32. wrk counts a streamed (chunked) response once, when its last chunk
   arrives, and its latency is the whole stream's.
@@ -28,9 +33,10 @@ Method (the numbers are only as good as this):
   the router's cost relative to the engines'; CPU µs/request is the steadier number.
 
 Usage: `.venv/bin/python -m bench.overhead [--quick] [--rounds N] [--duration S]
-[--targets direct,headcount,vllm-router,sglang-router] [--workloads chat-c32,...]
-[--baseline REV ...]`. `--baseline` measures headcount as it was at a git revision in the
-same rounds as today's, for the before/after of a hot-path change.
+[--targets direct,headcount,headcount-keys,headcount-tenants,vllm-router,sglang-router]
+[--workloads chat-c32,...] [--baseline REV ...]`. `--baseline` measures headcount as it
+was at a git revision in the same rounds as today's, for the before/after of a hot-path
+change.
 Peers and wrk: `bench/common/peers.sh` installs them (idempotent). The report is printed
 and written to `bench/out/overhead-<timestamp>.md`, logs beside it.
 """

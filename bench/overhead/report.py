@@ -101,21 +101,32 @@ def _workload_section(result: WorkloadResult) -> tuple[list[str], dict[str, _Sum
     return lines, summaries
 
 
+def _difference(minuend: _Summary | None, subtrahend: _Summary | None) -> str:
+    if minuend is None or subtrahend is None:
+        return "—"
+    if minuend.router_us is None or subtrahend.router_us is None:
+        return "—"
+    return f"{minuend.router_us - subtrahend.router_us:+,.1f}"
+
+
 def _ratios_section(all_summaries: dict[str, dict[str, _Summary]]) -> list[str]:
     lines = [
         "## headcount ratios (medians)",
         "",
-        "| workload | req/s ÷ direct | req/s ÷ vllm-router | router CPU µs/req ÷ vllm-router |",
-        "|---|--:|--:|--:|",
+        "| workload | req/s ÷ direct | req/s ÷ vllm-router | router CPU µs/req ÷ vllm-router "
+        "| router CPU µs/req: headcount-tenants minus headcount | the same minus headcount-keys |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for workload, summaries in all_summaries.items():
         ours = summaries.get("headcount")
         direct, vllm = summaries.get("direct"), summaries.get("vllm-router")
+        tenants, keys = summaries.get("headcount-tenants"), summaries.get("headcount-keys")
         lines.append(
             f"| {workload} "
             f"| {_ratio(ours.ok_per_s if ours else None, direct.ok_per_s if direct else None)} "
             f"| {_ratio(ours.ok_per_s if ours else None, vllm.ok_per_s if vllm else None)} "
-            f"| {_ratio(ours.router_us if ours else None, vllm.router_us if vllm else None)} |"
+            f"| {_ratio(ours.router_us if ours else None, vllm.router_us if vllm else None)} "
+            f"| {_difference(tenants, ours)} | {_difference(tenants, keys)} |"
         )
     return lines
 

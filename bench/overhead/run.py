@@ -104,8 +104,8 @@ def _count_matching(node: object, key: str, value: object) -> int:
     return 0
 
 
-def _fleet_complete(port: int, check: FleetCheck) -> bool:
-    answer = http_call(port, "GET", check.path)
+def _fleet_complete(port: int, check: FleetCheck, headers: dict[str, str]) -> bool:
+    answer = http_call(port, "GET", check.path, headers=headers)
     if answer is None or not answer.ok:
         return False
     try:
@@ -115,9 +115,9 @@ def _fleet_complete(port: int, check: FleetCheck) -> bool:
     return _count_matching(document, check.key, check.value) >= ENGINES
 
 
-def _answer_problem(port: int, workload: Workload) -> str | None:
+def _answer_problem(port: int, workload: Workload, headers: dict[str, str]) -> str | None:
     """What is wrong with one answer to the workload's request, if anything."""
-    answer = http_call(port, "POST", CHAT_PATH, workload.body(), timeout_s=10)
+    answer = http_call(port, "POST", CHAT_PATH, workload.body(), 10, headers=headers)
     if answer is None:
         return "no answer to a probe request"
     if not answer.ok:
@@ -203,7 +203,7 @@ class Bench:
                 skipped[target.name] = f"did not start: {_brief(error)}"
                 say(f"{workload.name}: {target.name} skipped: {error}")
                 continue
-            note = _answer_problem(port, workload)
+            note = _answer_problem(port, workload, dict(target.headers))
             if note is not None:
                 say(f"{workload.name}: {target.name}: {note}")
             live.append(Live(target, port, router, note))
@@ -215,13 +215,17 @@ class Bench:
             port=free_port(),
             metrics_port=free_port(),
             backends=tuple(f"http://127.0.0.1:{port}" for port in self._engine_ports),
+            files=self._log_dir,
         )
+        headers = dict(target.headers)
         name = f"{workload.name}-{target.name}"
         router = self._procs.start(name, target.command(launch), port=launch.port)
         timeout_s = self._settings.start_timeout_s
         try:
             block_until(
-                lambda: ok(http_call(launch.port, "POST", CHAT_PATH, workload.body(), 5)),
+                lambda: ok(
+                    http_call(launch.port, "POST", CHAT_PATH, workload.body(), 5, headers=headers)
+                ),
                 timeout_s,
                 f"{target.name} to answer a request",
                 router,
@@ -229,7 +233,7 @@ class Bench:
             if target.fleet_check is not None:
                 check = target.fleet_check
                 block_until(
-                    lambda: _fleet_complete(launch.port, check),
+                    lambda: _fleet_complete(launch.port, check, headers),
                     timeout_s,
                     f"{target.name} to list {ENGINES} ready engines at {check.path}",
                     router,
@@ -275,6 +279,7 @@ class Bench:
             self._settings.threads,
             duration_s,
             split,
+            entry.target.headers,
         )
         engines_cpu_s = self._engines_cpu_s() - engines_before
         router_cpu_s = tree_cpu_seconds(router.pid) - router_before if router else None

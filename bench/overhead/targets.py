@@ -40,6 +40,8 @@ class Launch:
     metrics_port: int
     """A spare free port: the peers open a Prometheus listener (29000 for both by default)."""
     backends: tuple[str, ...]
+    files: Path
+    """Where a router's own files go (the tenants file): the run's log directory."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class Target:
     """For routers that answer before every engine is registered."""
     peer: bool = False
     install_hint: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Sent with every request to the target, the load's and the checks'."""
 
 
 def _headcount(launch: Launch, program: tuple[str, ...] = (str(HEADCOUNT_BIN),)) -> list[str]:
@@ -72,6 +76,33 @@ def _headcount(launch: Launch, program: tuple[str, ...] = (str(HEADCOUNT_BIN),))
         routing=RoutingName.ROUND_ROBIN,
     )
     return serve_command(flags, host="127.0.0.1", port=launch.port, program=program)
+
+
+TENANT_KEY = "sk-bench-overhead"
+TENANTS_FILE = f"""\
+# One unlimited tenant: flow control on (admission, accounting, the queue when saturated),
+# no limit ever reached, so what it costs an unsaturated fleet is all that is measured.
+[[tenant]]
+name = "bench"
+keys = ["{TENANT_KEY}"]
+priority = 0
+weight = 1
+"""
+
+
+def _headcount_tenants(launch: Launch) -> list[str]:
+    path = launch.files / "tenants.toml"
+    path.write_text(TENANTS_FILE)
+    return [*_headcount(launch), f"--tenants-file={path}"]
+
+
+def _headcount_keys(launch: Launch) -> list[str]:
+    path = launch.files / "api-keys.txt"
+    path.write_text(f"{TENANT_KEY}\n")
+    return [*_headcount(launch), f"--api-keys-file={path}"]
+
+
+_TENANT_KEY_HEADERS = (("Authorization", f"Bearer {TENANT_KEY}"),)
 
 
 def baseline_target(rev: str, out_dir: Path) -> Target:
@@ -101,6 +132,22 @@ TARGETS: tuple[Target, ...] = (
         command=_headcount,
         fleet_check=FleetCheck("/engines", "state", "ready"),
         install_hint="run `make install`",
+    ),
+    Target(
+        "headcount-keys",
+        program=HEADCOUNT_BIN,
+        command=_headcount_keys,
+        fleet_check=FleetCheck("/engines", "state", "ready"),
+        install_hint="run `make install`",
+        headers=_TENANT_KEY_HEADERS,
+    ),
+    Target(
+        "headcount-tenants",
+        program=HEADCOUNT_BIN,
+        command=_headcount_tenants,
+        fleet_check=FleetCheck("/engines", "state", "ready"),
+        install_hint="run `make install`",
+        headers=_TENANT_KEY_HEADERS,
     ),
     Target(
         "vllm-router",

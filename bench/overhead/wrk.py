@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,9 +50,16 @@ def run_wrk(
     threads: int,
     duration_s: int,
     split_addrs: list[str] | None = None,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> WrkResult:
-    """Run wrk against `url` POSTing `body_file`; with `split_addrs`, thread i goes to addr i."""
-    env = dict(os.environ, HC_BODY_FILE=str(body_file), HC_SPLIT_ADDRS=",".join(split_addrs or []))
+    """Run wrk against `url` POSTing `body_file` with `headers`; with `split_addrs`, thread i
+    goes to addr i."""
+    env = dict(
+        os.environ,
+        HC_BODY_FILE=str(body_file),
+        HC_SPLIT_ADDRS=",".join(split_addrs or []),
+        HC_HEADERS="\n".join(f"{name}: {value}" for name, value in headers),
+    )
     argv = [
         "wrk",
         f"-t{threads}",

@@ -7,12 +7,17 @@
 --   HC_SPLIT_ADDRS  "host:port,host:port": thread i connects to entry i mod n instead
 --                   of the URL's address (the "direct" target: the threads, and so the
 --                   connections, are split evenly across engines). Unset: use the URL.
+--   HC_HEADERS      "Name: value" lines sent with every request besides Content-Type
+--                   (a tenant's key: `Authorization: Bearer ...`). Unset: none.
 
 local body_file = assert(io.open(assert(os.getenv("HC_BODY_FILE"), "HC_BODY_FILE unset"), "rb"))
 wrk.method = "POST"
 wrk.body = body_file:read("*a")
 body_file:close()
 wrk.headers["Content-Type"] = "application/json"
+for name, value in (os.getenv("HC_HEADERS") or ""):gmatch("([^:\n]+): ([^\n]*)") do
+   wrk.headers[name] = value
+end
 
 local split = os.getenv("HC_SPLIT_ADDRS")
 local threads_set_up = 0
