@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from headcount.fleet.capacity import MAX_PATIENCE, Capacity, learn_capacity
@@ -36,6 +38,6 @@ def test_each_raise_the_engine_refuses_doubles_the_wait_before_the_next() -> Non
         known = learn_capacity(known, running, waiting)
         if known.raised and known.full == 0 and known.value == 5:
             raises.append(scrape)
-    gaps = [later - earlier for earlier, later in zip(raises, raises[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(raises)]
     assert gaps[:6] == [3, 5, 9, 17, 33, 65]  # a raise, a scrape to undo it, then 2, 4, 8 ...
     assert max(gaps) == MAX_PATIENCE + 1
