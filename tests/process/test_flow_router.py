@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from headcount.config import FlowSettings
+from headcount.config import FlowSettings, RoutingName
 from headcount.fleet import EngineLoad
 from headcount.fleet.capacity import Capacity
 from headcount.sim.cluster.polling import wait_until
@@ -231,3 +231,19 @@ async def test_a_queue_timeout_is_a_503_with_retry_after(tmp_path: Path) -> None
         assert int(headers["Retry-After"]) >= 1
         assert not long.done()  # refused while the slot was still taken, not after
         assert (await long)[0] == 200
+
+
+async def test_kv_aware_routing_is_metered_the_same_way(tmp_path: Path) -> None:
+    async with _one_engine(tmp_path, routing=RoutingName.KV_AWARE) as (running, _):
+        status, _, headers = await running.post(
+            "/v1/chat/completions", _chat(max_tokens=3), _auth("sk-capped")
+        )
+        assert status == 200 and headers["x-ratelimit-remaining-requests"] == "2"
+        streamed = await _stream(running, "sk-metered", _chat(max_tokens=2, stream=True))
+        assert all(chunk["choices"] for chunk in streamed)
+
+        async def counted() -> bool:
+            kind = {"tenant": "metered", "kind": "completion"}
+            return await _sample(running, "headcount_tenant_tokens_total", **kind) == 2
+
+        await wait_until(counted, timeout=5)
