@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench import overload
 from bench.common.harness import BENCH, OUT, BenchError, run_benchmark, say
-from bench.common.peers import PEERS_HINT, peer_versions
+from bench.common.peers import peer_versions, runnable_targets
 from bench.common.processes import Processes
 from bench.overload.fleet import (
     CAPACITY_RPS,
@@ -35,7 +35,7 @@ from bench.overload.report import (
     summary,
 )
 from bench.overload.run import Measured, Settings, run_target
-from bench.overload.targets import TARGETS, Target
+from bench.overload.targets import TARGETS
 from bench.overload.tenants import TENANTS
 from bench.overload.traffic import FULL_FLOOD
 
@@ -77,27 +77,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _targets(wanted: str, require_peers: bool) -> tuple[Target, ...]:
-    by_name = {target.name: target for target in TARGETS}
-    names = [name.strip() for name in wanted.split(",") if name.strip()]
-    if unknown := [name for name in names if name not in by_name]:
-        raise BenchError(f"unknown targets {unknown}; choose from {', '.join(by_name)}")
-    kept = []
-    for target in (by_name[name] for name in names):
-        if target.program.exists():
-            kept.append(target)
-        elif target.peer and not require_peers:
-            say(f"skipping {target.name}: {target.program} not found ({PEERS_HINT})")
-        else:
-            raise BenchError(f"{target.name}: {target.program} not found")
-    return tuple(kept)
-
-
 def _settings(args: argparse.Namespace) -> Settings:
     duration = args.duration if args.duration is not None else (150.0 if args.full else 45.0)
     points = args.points if args.points is not None else ("0.5,1,2" if args.full else "1")
     return Settings(
-        targets=_targets(args.targets, args.require_peers),
+        targets=runnable_targets(TARGETS, args.targets, args.require_peers),
         warmup_s=10.0 if args.full else 8.0,
         phases_s=(duration * 5 / 9, duration * 4 / 9),
         drain_s=args.drain,

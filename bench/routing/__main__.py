@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench import routing
 from bench.common.harness import BENCH, OUT, BenchError, run_benchmark, say
-from bench.common.peers import PEERS_HINT
+from bench.common.peers import runnable_targets
 from bench.common.processes import Processes
 from bench.routing.fleet import (
     ENGINES,
@@ -76,25 +76,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    by_name = {target.name: target for target in TARGETS}
-    names = [name.strip() for name in args.targets.split(",") if name.strip()]
-    if unknown := [name for name in names if name not in by_name]:
-        raise BenchError(f"unknown targets {unknown}; choose from {', '.join(by_name)}")
-    targets = []
-    for target in (by_name[name] for name in names):
-        if target.program.exists():
-            targets.append(target)
-        elif target.peer and not args.require_peers:
-            say(f"skipping {target.name}: {target.program} not found ({PEERS_HINT})")
-        else:
-            raise BenchError(f"{target.name}: {target.program} not found")
+    targets = runnable_targets(TARGETS, args.targets, args.require_peers)
     rates = args.rates or ("7" if args.quick else "3,7,11")
     return Settings(
         rates=tuple(float(rate) for rate in rates.split(",")),
         warmup_requests=args.warmup if args.warmup is not None else (20 if args.quick else 60),
         duration_s=args.duration if args.duration is not None else (6.0 if args.quick else 14.0),
         drain_s=args.drain,
-        targets=tuple(targets),
+        targets=targets,
         require_peers=args.require_peers,
         out_dir=args.out,
         shape=WorkloadShape(),

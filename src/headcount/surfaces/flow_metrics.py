@@ -64,7 +64,7 @@ class TenantMetrics:
         self._labels: dict[int, tuple[Tenant, str]] = {}
         """Per tenant object, its label (a reloaded file's tenants are new objects, labelled
         afresh); keyed by identity, the tenant kept so that its id is not reused."""
-        self._requests: dict[tuple[str, str], int] = {}
+        self._outcomes: dict[tuple[str, str], int] = {}
         self._tokens: dict[tuple[str, str], int] = {}
         self._waits: dict[str, _Waits] = {}
 
@@ -83,12 +83,12 @@ class TenantMetrics:
 
     def tenant_request(self, tenant: Tenant, outcome: str) -> None:
         key = (self._label(tenant), outcome)
-        self._requests[key] = self._requests.get(key, 0) + 1
+        self._outcomes[key] = self._outcomes.get(key, 0) + 1
 
     def tenant_admitted(self, tenant: Tenant, waited: float) -> None:
         label = self._label(tenant)
         key = (label, "admitted")
-        self._requests[key] = self._requests.get(key, 0) + 1
+        self._outcomes[key] = self._outcomes.get(key, 0) + 1
         waits = self._waits.get(label)
         if waits is None:
             waits = self._waits[label] = _Waits()
@@ -110,7 +110,7 @@ class TenantMetrics:
     def counts(self) -> TenantCounts:
         """A copy for one scrape's render thread."""
         return TenantCounts(
-            dict(self._requests),
+            dict(self._outcomes),
             dict(self._tokens),
             {label: (list(w.buckets), w.total) for label, w in self._waits.items()},
         )
