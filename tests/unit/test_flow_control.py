@@ -88,6 +88,13 @@ def _admit(
     return control.admit(ask, fleet.snapshot.candidates(MODEL), _first)
 
 
+def _queued(control: FlowControl, fleet: Fleet, ask: Ask) -> asyncio.Future[Grant | Refusal]:
+    """`ask` admitted into the queue: its answer to come."""
+    decided = _admit(control, fleet, ask)
+    assert not isinstance(decided, (Grant, Refusal)), decided
+    return asyncio.ensure_future(decided)
+
+
 async def test_engines_without_a_learned_capacity_always_have_room() -> None:
     fleet = _fleet(None)
     control, metrics = _control(fleet)
@@ -102,8 +109,8 @@ async def test_a_full_engine_queues_and_the_next_slot_goes_to_the_higher_priorit
     control, metrics = _control(fleet)
     first = _admit(control, fleet, _ask(BATCH))
     assert isinstance(first, Grant)
-    batch = asyncio.ensure_future(_admit(control, fleet, _ask(BATCH)))  # type: ignore[arg-type]
-    chat = asyncio.ensure_future(_admit(control, fleet, _ask(CHAT)))  # type: ignore[arg-type]
+    batch = _queued(control, fleet, _ask(BATCH))
+    chat = _queued(control, fleet, _ask(CHAT))
     await asyncio.sleep(0)
     assert control.queued == 2 and control.depths() == {0: 1, 10: 1}
     first.ticket.done(10, 20)
@@ -132,7 +139,7 @@ async def test_the_queue_is_bounded() -> None:
     fleet = _fleet(1)
     control, _ = _control(fleet, max_queued=2)
     assert isinstance(_admit(control, fleet, _ask(BATCH)), Grant)
-    waiting = [asyncio.ensure_future(_admit(control, fleet, _ask(BATCH))) for _ in range(2)]  # type: ignore[arg-type]
+    waiting = [_queued(control, fleet, _ask(BATCH)) for _ in range(2)]
     await asyncio.sleep(0)
     refused = _admit(control, fleet, _ask(CHAT))
     assert isinstance(refused, Refusal) and refused.outcome == "queue_full"
@@ -144,7 +151,7 @@ async def test_a_request_waits_at_most_the_queue_timeout() -> None:
     fleet = _fleet(1)
     control, metrics = _control(fleet, queue_timeout=0.05)
     assert isinstance(_admit(control, fleet, _ask(BATCH)), Grant)
-    refused = await asyncio.wait_for(_admit(control, fleet, _ask(CHAT)), 5)  # type: ignore[arg-type]
+    refused = await asyncio.wait_for(_queued(control, fleet, _ask(CHAT)), 5)
     assert isinstance(refused, Refusal) and refused.outcome == "queue_timeout"
     assert control.queued == 0 and ("chat", "queue_timeout") in metrics.outcomes
 
@@ -155,7 +162,7 @@ async def test_a_client_that_leaves_the_queue_frees_its_place_and_its_concurrenc
     control, metrics = _control(fleet)
     first = _admit(control, fleet, _ask(capped))
     assert isinstance(first, Grant)
-    waiting = asyncio.ensure_future(_admit(control, fleet, _ask(capped)))  # type: ignore[arg-type]
+    waiting = _queued(control, fleet, _ask(capped))
     await asyncio.sleep(0)
     over = _admit(control, fleet, _ask(capped))
     assert isinstance(over, Refusal) and over.outcome == "concurrency_limited"
@@ -172,7 +179,7 @@ async def test_a_grant_the_client_could_not_use_is_given_back() -> None:
     control, _ = _control(fleet)
     first = _admit(control, fleet, _ask(BATCH))
     assert isinstance(first, Grant)
-    waiting = asyncio.ensure_future(_admit(control, fleet, _ask(BATCH)))  # type: ignore[arg-type]
+    waiting = _queued(control, fleet, _ask(BATCH))
     await asyncio.sleep(0)
     first.ticket.done()
     await asyncio.sleep(0)  # the dispatch grants it; the waiting task has not run since
@@ -188,8 +195,8 @@ async def test_a_client_that_left_just_before_its_turn_is_skipped() -> None:
     control, metrics = _control(fleet)
     first = _admit(control, fleet, _ask(BATCH))
     assert isinstance(first, Grant)
-    left = asyncio.ensure_future(_admit(control, fleet, _ask(BATCH)))  # type: ignore[arg-type]
-    stays = asyncio.ensure_future(_admit(control, fleet, _ask(Tenant("late"))))  # type: ignore[arg-type]
+    left = _queued(control, fleet, _ask(BATCH))
+    stays = _queued(control, fleet, _ask(Tenant("late")))
     await asyncio.sleep(0)
     first.ticket.done()
     left.cancel()  # before the dispatch this slot scheduled
@@ -204,11 +211,7 @@ async def test_batch_tenants_share_engine_slots_by_weight() -> None:
     control, _ = _control(fleet)
     running = _admit(control, fleet, _ask(light))
     assert isinstance(running, Grant)
-    tasks = [
-        asyncio.ensure_future(_admit(control, fleet, _ask(tenant)))  # type: ignore[arg-type]
-        for _ in range(30)
-        for tenant in (light, heavy)
-    ]
+    tasks = [_queued(control, fleet, _ask(tenant)) for _ in range(30) for tenant in (light, heavy)]
     served: list[str] = []
     seen: set[int] = set()
     for _ in range(30):
@@ -236,3 +239,18 @@ async def test_failover_moves_the_slot_to_the_new_engine() -> None:
     grant.ticket.done()
     grant.ticket.done()
     assert control.busy("e1") == 0
+
+
+async def test_a_policy_that_picks_none_is_asked_once_and_its_request_refused() -> None:
+    fleet = _fleet(None)
+    control, metrics = _control(fleet)
+    asked: list[int] = []
+
+    def none(room: Sequence[Engine]) -> Engine | None:
+        asked.append(len(room))
+        return None
+
+    refused = control.admit(_ask(BATCH), fleet.snapshot.candidates(MODEL), none)
+    assert isinstance(refused, Refusal) and refused.outcome == "no_engine"
+    assert asked == [1] and control.busy("e0") == 0
+    assert metrics.outcomes == [("batch", "no_engine")]

@@ -153,10 +153,6 @@ class FlowControl:
             if refusal is not None:
                 return refusal
         if not (tenant.requests_per_minute or tenant.tokens_per_minute):
-            if room:  # the common case, kept short: an engine has room, no limit to judge
-                engine = choose(room)
-                if engine is not None:
-                    return self._grant(ask, engine, None, 0.0)
             return self._place(ask, room, choose, None)
         judged = self.store.take(
             Charge(name, tenant.requests_per_minute, tenant.tokens_per_minute, ask.tokens)
@@ -222,8 +218,7 @@ class FlowControl:
         if room:
             engine = choose(room)
             if engine is None:
-                self._give_back(ask, verdict)
-                return self._refuse(ask, "no_engine", "the routing policy chose no engine", 1.0)
+                return self._chose_none(ask, verdict)
             return self._grant(ask, engine, verdict, 0.0)
         refusal = self._cannot_wait(ask)
         if refusal is not None:
@@ -237,13 +232,10 @@ class FlowControl:
         queue = self._queues.get(model)
         if queue is not None and len(queue):
             return []
-        busy = self._busy
-        return [
-            engine
-            for engine in candidates
-            if (capacity := engine.load.concurrency.value) is None
-            or busy.get(engine.id, 0) < capacity
-        ]
+        return self._with_room(candidates)
+
+    def _with_room(self, candidates: Sequence[Engine]) -> list[Engine]:
+        return [engine for engine in candidates if self._has_room(engine)]
 
     def _has_room(self, engine: Engine) -> bool:
         capacity = engine.load.concurrency.value
@@ -263,6 +255,11 @@ class FlowControl:
     ) -> Refusal:
         self._metrics.tenant_request(ask.tenant, outcome)
         return Refusal(outcome, message, max(retry_after, 1.0) if retry_after > 0 else 0.0, headers)
+
+    def _chose_none(self, ask: Ask, verdict: Verdict | None) -> Refusal:
+        """The routing policy picked none of the engines with room: refused, reservation back."""
+        self._give_back(ask, verdict)
+        return self._refuse(ask, "no_engine", "the routing policy chose no engine", 1.0)
 
     def _give_back(self, ask: Ask, verdict: Verdict | None) -> None:
         """A charged request was refused after all: its reserved tokens go back."""
@@ -380,7 +377,7 @@ class FlowControl:
         for model, queue in self._queues.items():
             if not len(queue):
                 continue
-            room = [e for e in snapshot.candidates(model) if self._has_room(e)]
+            room = self._with_room(snapshot.candidates(model))
             while room and len(queue):
                 waiting = queue.pop()
                 assert waiting is not None
@@ -390,12 +387,7 @@ class FlowControl:
                     continue
                 engine = waiting.choose(room)
                 if engine is None:
-                    self._give_back(waiting.ask, waiting.verdict)
-                    waiting.future.set_result(
-                        self._refuse(
-                            waiting.ask, "no_engine", "the routing policy chose no engine", 1.0
-                        )
-                    )
+                    waiting.future.set_result(self._chose_none(waiting.ask, waiting.verdict))
                     continue
                 granted = self._grant(waiting.ask, engine, waiting.verdict, now - waiting.since)
                 waiting.future.set_result(granted)

@@ -82,13 +82,15 @@ class TenantMetrics:
         return label
 
     def tenant_request(self, tenant: Tenant, outcome: str) -> None:
-        key = (self._label(tenant), outcome)
+        self._count(self._label(tenant), outcome)
+
+    def _count(self, label: str, outcome: str) -> None:
+        key = (label, outcome)
         self._outcomes[key] = self._outcomes.get(key, 0) + 1
 
     def tenant_admitted(self, tenant: Tenant, waited: float) -> None:
         label = self._label(tenant)
-        key = (label, "admitted")
-        self._outcomes[key] = self._outcomes.get(key, 0) + 1
+        self._count(label, "admitted")
         waits = self._waits.get(label)
         if waits is None:
             waits = self._waits[label] = _Waits()
