@@ -60,7 +60,7 @@ from headcount.routing import Policy, make_policy
 from headcount.routing.kv import KvRouting
 from headcount.supervise import Supervisor
 from headcount.surfaces.admin import AdminApp
-from headcount.surfaces.flow_metrics import FlowCollector, TenantMetrics
+from headcount.surfaces.flow_metrics import FlowCollector
 from headcount.surfaces.grpc_health import GrpcHealthServer
 from headcount.surfaces.metrics import Metrics
 from headcount.tokens import ChatTokenizer, TokenizerError, builtin_tokenizer, load_tokenizer
@@ -291,11 +291,13 @@ def _flow_control(
         if flow.limits_store is None
         else RedisStore(flow.limits_store, flow.limits_store_timeout)
     )
-    tenants = TenantMetrics(lambda: (credentials.tenants or Tenants()).names)
-    control = FlowControl(fleet, flow, store, tenants)
+    control = FlowControl(fleet, flow, store)
     metrics.scrape_also(
         lambda snapshot: FlowCollector(
-            tenants.counts(), control.depths(), snapshot, control.store.health
+            control.tallies.counts((credentials.tenants or Tenants()).names),
+            control.depths(),
+            snapshot,
+            control.store.health,
         )
     )
     return control

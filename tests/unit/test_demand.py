@@ -9,8 +9,9 @@ from headcount.auth import Credentials
 from headcount.auth.tenants import parse_tenants
 from headcount.config import FlowSettings
 from headcount.flow.control import FlowControl
+from headcount.flow.ticket import DEFAULT_COMPLETION_RESERVE, Ask
 from headcount.flow.window import MemoryStore
-from headcount.proxy.demand import DEFAULT_COMPLETION_RESERVE, Demand, demand_of
+from headcount.proxy.demand import ask_of
 from headcount.proxy.payload import parse_request
 from tests.support.builders import ready_fleet, spec
 
@@ -28,20 +29,10 @@ priority = 50
 """
 
 
-class _Quiet:
-    def tenant_request(self, *_: object) -> None: ...
-
-    def tenant_admitted(self, *_: object) -> None: ...
-
-    def tenant_tokens(self, *_: object) -> None: ...
-
-
-def _weigh(
-    body: dict[str, object], path: bytes = b"/v1/chat/completions", **headers: str
-) -> Demand:
+def _weigh(body: dict[str, object], path: bytes = b"/v1/chat/completions", **headers: str) -> Ask:
     credentials = Credentials(tenants=True)
     credentials.use_tenants(parse_tenants(TENANTS))
-    control = FlowControl(ready_fleet(spec("a")), FlowSettings(), MemoryStore(), _Quiet())
+    control = FlowControl(ready_fleet(spec("a")), FlowSettings(), MemoryStore())
     raw = json.dumps(body).encode()
     request = Request(
         b"POST",
@@ -53,7 +44,7 @@ def _weigh(
     )
     parsed = parse_request(raw)
     assert isinstance(parsed, dict)
-    return demand_of(control, credentials, request, parsed)
+    return ask_of(control, credentials, request, parsed)
 
 
 def test_open_mode_requests_are_the_default_tenants_and_an_objective_only_lowers() -> None:
@@ -69,13 +60,20 @@ def test_open_mode_requests_are_the_default_tenants_and_an_objective_only_lowers
 
 def test_the_reservation_counts_the_prompt_and_the_most_the_answer_may_take() -> None:
     body = {"model": "m", "prompt": "x" * 400, "max_tokens": 30, "max_completion_tokens": 20}
-    demand = _weigh(body, b"/v1/completions")
-    assert demand.completion == 20
-    assert demand.ask("m", None).tokens == demand.body_size // 4 + 20
-    assert demand.ask("m", 7).tokens == 27
-    assert _weigh({"model": "m"}).completion == DEFAULT_COMPLETION_RESERVE
-    assert _weigh({"model": "m", "max_tokens": True}).completion == DEFAULT_COMPLETION_RESERVE
-    assert _weigh({"model": "m", "input": "x"}, b"/v1/embeddings").completion == 0
+    ask = _weigh(body, b"/v1/completions")
+    assert ask.tokens == _bytes_over_4(body) + 20
+    ask.prompt = 7  # counted by the router's tokenizer
+    assert ask.tokens == 27
+    for unbounded in ({"model": "m"}, {"model": "m", "max_tokens": True}):
+        assert _weigh(unbounded).tokens == _bytes_over_4(unbounded) + DEFAULT_COMPLETION_RESERVE
+    negative = {"model": "m", "max_completion_tokens": -1, "max_tokens": 9}
+    assert _weigh(negative).tokens == _bytes_over_4(negative) + 9
+    embedding = {"model": "m", "input": "x"}
+    assert _weigh(embedding, b"/v1/embeddings").tokens == _bytes_over_4(embedding)
+
+
+def _bytes_over_4(body: dict[str, object]) -> int:
+    return len(json.dumps(body).encode()) // 4
 
 
 def test_a_stream_that_does_not_ask_for_usage_is_forwarded_asking() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from headcount.auth.tenants import Tenant
 from headcount.fleet.capacity import Capacity
 from headcount.flow.limits import StoreHealth
-from headcount.surfaces.flow_metrics import FlowCollector, TenantMetrics
+from headcount.flow.tally import Tallies
+from headcount.surfaces.flow_metrics import FlowCollector
 from tests.support.builders import ready_fleet, spec
 
 __all__: list[str] = []
@@ -19,21 +19,19 @@ def _samples(collector: FlowCollector) -> dict[tuple[str, tuple[tuple[str, str],
     }
 
 
-def test_a_tenant_the_file_no_longer_names_counts_as_other() -> None:
-    names = {"names": frozenset({"default", "chat"})}
-    metrics = TenantMetrics(lambda: names["names"])
-    chat, gone = Tenant("chat"), Tenant("gone")
-    metrics.tenant_admitted(chat, 0.0)
-    metrics.tenant_tokens(chat, 7, 3)
-    metrics.tenant_admitted(gone, 0.5)
-    metrics.tenant_admitted(gone, 0.0)
-    metrics.tenant_admitted(gone, 99.0)
-    names["names"] = frozenset({"default", "chat", "new"})  # a reload adds a tenant
-    metrics.tenant_request(Tenant("new", priority=3), "shed")
+def test_a_tenant_the_file_no_longer_names_counts_as_other_and_no_counter_goes_down() -> None:
+    tallies = Tallies()
+    chat, gone = tallies.of("chat"), tallies.of("gone")
+    chat.waits[0] += 1
+    chat.prompt, chat.completion = 7, 3
+    gone.wait(0.5)
+    gone.waits[0] += 1
+    gone.wait(99.0)
+    tallies.of("new").refused("shed")
     fleet = ready_fleet(spec("a"))
-    samples = _samples(
-        FlowCollector(metrics.counts(), {}, fleet.snapshot, StoreHealth("memory", True, None, 0))
-    )
+    health = StoreHealth("memory", True, None, 0)
+    names = frozenset({"default", "chat", "new"})  # a reload removed `gone`
+    samples = _samples(FlowCollector(tallies.counts(names), {}, fleet.snapshot, health))
 
     def sample(name: str, **labels: str) -> float | None:
         return samples.get((name, tuple(sorted(labels.items()))))
@@ -51,12 +49,15 @@ def test_a_tenant_the_file_no_longer_names_counts_as_other() -> None:
     assert sample("headcount_queue_seconds_bucket", tenant="other", le="0.25") == 1
     assert sample("headcount_queue_seconds_bucket", tenant="other", le="60.0") == 2
     assert sample("headcount_queue_seconds_bucket", tenant="other", le="+Inf") == 3
+    tallies.of("gone").waits[0] += 1  # a request of the removed tenant, still in flight
+    later = tallies.counts(names)
+    assert later.requests[("other", "admitted")] == 4 and ("gone", "admitted") not in later.requests
 
 
 def test_a_scrape_reads_depths_learned_capacities_and_the_store() -> None:
     fleet = ready_fleet(spec("a"), spec("b"))
     fleet.snapshot.engines[0].load.concurrency = Capacity(6)
-    empty = TenantMetrics(frozenset).counts()
+    empty = Tallies().counts(frozenset())
     store = StoreHealth("r", False, "x", 4)
     samples = _samples(FlowCollector(empty, {10: 2, -1: 1}, fleet.snapshot, store))
     assert samples == {

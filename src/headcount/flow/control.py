@@ -1,17 +1,19 @@
 """Flow control: every request of a tenant either goes to an engine with room, waits its turn
 in the router, or is refused with what the client should do.
 
-    control = FlowControl(fleet, settings.flow, store, metrics)
-    decision = control.admit(ask, candidates, choose)   # Grant | Refusal | Awaitable of one
+    control = FlowControl(fleet, settings.flow, store)
+    ask = Ask(control, tenant, priority, flow, completion, prompt)  # ticket.py
+    ask.model = model
+    decision = control.admit(ask, candidates, policy, features)  # Ticket | Refusal | Awaitable
     ...
-    grant.ticket.done(prompt_tokens, completion_tokens)  # the request's end, once
+    ticket.done(prompt_tokens, completion_tokens)  # the request's end, once
 
 In order, a request is refused (429) when its tenant has `max_concurrency`
 requests in flight already (`concurrency_limited`), when it is sheddable
 (priority below 0) and no engine has room (`shed`), when the queue holds
 `max_queued` requests (`queue_full`), and when its tenant's limits store says
 no (`rate_limited`, with the store's `Retry-After`). Otherwise it goes at once
-to an engine with room, through the routing policy (`choose`), if no request
+to an engine with room, through the routing policy (a `Picker`), if no request
 of its model waits; else it waits in the `FairQueue` of its model, until an
 engine has room (dispatched by priority, fair share and arrival) or
 `queue_timeout` passes (503).
@@ -24,55 +26,46 @@ tenant's concurrency, its engine's slot (moved on failover) and its token
 reservation, settled on the usage the engine reports. A slot given back
 dispatches the queue on the next turn of the loop; so does a change of the
 fleet, and a tick every `_TICK` seconds while requests wait (a capacity the
-prober raised frees no slot).
+prober raised frees no slot). What each tenant was granted, refused and used
+is counted in `tallies` (`tally.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from typing import Protocol
+from typing import Any
 
-from headcount.auth.tenants import Tenant
 from headcount.config import FlowSettings
 from headcount.fleet import Engine, Fleet, FleetChange
 from headcount.flow.limits import Charge, LimitsStore, Verdict, ratelimit_headers
 from headcount.flow.queue import FairQueue, QueueEntry
-from headcount.flow.ticket import Ask, Choose, Grant, Refusal, Ticket
+from headcount.flow.tally import Tallies
+from headcount.flow.ticket import Ask, Decision, Picker, Refusal, Ticket
 
-__all__ = ["FlowControl", "FlowMetrics"]
+__all__ = ["FlowControl"]
 
 _TICK = 0.25
 """Seconds between dispatch attempts while requests wait and no slot is given back."""
 
 
-class FlowMetrics(Protocol):
-    """What flow control counts (`surfaces/metrics.py` implements it)."""
-
-    def tenant_request(self, tenant: Tenant, outcome: str) -> None:
-        """A request of `tenant` was not admitted: `outcome` says why."""
-
-    def tenant_admitted(self, tenant: Tenant, waited: float) -> None:
-        """A request of `tenant` was sent on to an engine after `waited` seconds in the queue."""
-
-    def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None: ...
-
-
 class _Waiting:
     """A request in the queue: what it asked, how it picks, where its answer goes."""
 
-    __slots__ = ("ask", "choose", "entry", "future", "since", "timer", "verdict")
+    __slots__ = ("ask", "entry", "features", "future", "picker", "since", "timer", "verdict")
 
     def __init__(
         self,
         ask: Ask,
-        choose: Choose,
+        picker: Picker,
+        features: Any,
         verdict: Verdict | None,
-        future: asyncio.Future[Grant | Refusal],
+        future: asyncio.Future[Ticket | Refusal],
         since: float,
     ) -> None:
         self.ask = ask
-        self.choose = choose
+        self.picker = picker
+        self.features = features
         self.verdict = verdict
         self.future = future
         self.since = since
@@ -88,12 +81,12 @@ class FlowControl:
         fleet: Fleet,
         settings: FlowSettings,
         store: LimitsStore,
-        metrics: FlowMetrics,
     ) -> None:
         self._fleet = fleet
         self._settings = settings
         self.store = store
-        self._metrics = metrics
+        self.tallies = Tallies()
+        """What each tenant was granted, refused and used (read at each scrape)."""
         self._queues: dict[str, FairQueue[_Waiting]] = {}
         self._queued = 0
         self._busy: dict[str, int] = {}
@@ -133,10 +126,10 @@ class FlowControl:
     # -- admission ----------------------------------------------------------------------------
 
     def admit(
-        self, ask: Ask, candidates: Sequence[Engine], choose: Choose
-    ) -> Grant | Refusal | Awaitable[Grant | Refusal]:
-        """`ask`'s way in among `candidates` (not empty), `choose` picking among those with
-        room; see the module docstring for the order of the checks."""
+        self, ask: Ask, candidates: Sequence[Engine], picker: Picker, features: Any
+    ) -> Decision:
+        """`ask`'s way in among `candidates` (not empty), `picker` choosing among those with
+        room by `features`; see the module docstring for the order of the checks."""
         tenant = ask.tenant
         name = tenant.name
         if tenant.max_concurrency and self._active.get(name, 0) >= tenant.max_concurrency:
@@ -153,13 +146,13 @@ class FlowControl:
             if refusal is not None:
                 return refusal
         if not (tenant.requests_per_minute or tenant.tokens_per_minute):
-            return self._place(ask, room, choose, None)
+            return self._place(ask, room, picker, features, None)
         judged = self.store.take(
             Charge(name, tenant.requests_per_minute, tenant.tokens_per_minute, ask.tokens)
         )
         if isinstance(judged, Verdict):
-            return self._judged(ask, room, choose, judged)
-        return self._judged_later(ask, choose, judged)
+            return self._judged(ask, room, picker, features, judged)
+        return self._judged_later(ask, picker, features, judged)
 
     def _cannot_wait(self, ask: Ask) -> Refusal | None:
         """A refusal when the request, which must wait, may not: it is sheddable, or the
@@ -182,23 +175,24 @@ class FlowControl:
         return None
 
     async def _judged_later(
-        self, ask: Ask, choose: Choose, judged: Awaitable[Verdict]
-    ) -> Grant | Refusal:
+        self, ask: Ask, picker: Picker, features: Any, judged: Awaitable[Verdict]
+    ) -> Ticket | Refusal:
         verdict = await judged
         candidates = self._fleet.snapshot.candidates(ask.model)
         if not candidates:
             self._give_back(ask, verdict)
             return self._refuse(ask, "no_engine", f"no engine serves `{ask.model}` now", 1.0)
-        decision = self._judged(ask, self._room(ask.model, candidates), choose, verdict)
-        if isinstance(decision, (Grant, Refusal)):
+        room = self._room(ask.model, candidates)
+        decision = self._judged(ask, room, picker, features, verdict)
+        if isinstance(decision, (Ticket, Refusal)):
             return decision
         return await decision
 
     def _judged(
-        self, ask: Ask, room: list[Engine], choose: Choose, verdict: Verdict
-    ) -> Grant | Refusal | Awaitable[Grant | Refusal]:
+        self, ask: Ask, room: list[Engine], picker: Picker, features: Any, verdict: Verdict
+    ) -> Decision:
         if verdict.allowed:
-            return self._place(ask, room, choose, verdict)
+            return self._place(ask, room, picker, features, verdict)
         name = ask.tenant.name
         if verdict.reason == "tokens_over_limit":
             message = (
@@ -212,11 +206,16 @@ class FlowControl:
         )
 
     def _place(
-        self, ask: Ask, room: list[Engine], choose: Choose, verdict: Verdict | None
-    ) -> Grant | Refusal | Awaitable[Grant | Refusal]:
+        self,
+        ask: Ask,
+        room: list[Engine],
+        picker: Picker,
+        features: Any,
+        verdict: Verdict | None,
+    ) -> Decision:
         """Grant one of the engines with `room` now, or queue (a refusal if it may not)."""
         if room:
-            engine = choose(room)
+            engine = picker.select(room, features)
             if engine is None:
                 return self._chose_none(ask, verdict)
             return self._grant(ask, engine, verdict, 0.0)
@@ -224,36 +223,41 @@ class FlowControl:
         if refusal is not None:
             self._give_back(ask, verdict)
             return refusal
-        return self._enqueue(ask, choose, verdict)
+        return self._enqueue(ask, picker, features, verdict)
 
     def _room(self, model: str, candidates: Sequence[Engine]) -> list[Engine]:
         """The engines a request for `model` may go to now: none while others wait for one
         (they go first), else the `candidates` with room."""
-        queue = self._queues.get(model)
-        if queue is not None and len(queue):
+        if self._queued and len(self._queues.get(model) or ()):
             return []
         return self._with_room(candidates)
 
     def _with_room(self, candidates: Sequence[Engine]) -> list[Engine]:
-        return [engine for engine in candidates if self._has_room(engine)]
+        """The `candidates` whose capacity is unknown or above what is granted there."""
+        busy, room = self._busy, []
+        for engine in candidates:  # a loop, not a comprehension: one call less per request
+            capacity = engine.load.concurrency.value
+            if capacity is None or busy.get(engine.spec.id, 0) < capacity:
+                room.append(engine)
+        return room
 
-    def _has_room(self, engine: Engine) -> bool:
-        capacity = engine.load.concurrency.value
-        return capacity is None or self._busy.get(engine.id, 0) < capacity
-
-    def _grant(self, ask: Ask, engine: Engine, verdict: Verdict | None, waited: float) -> Grant:
+    def _grant(self, ask: Ask, engine: Engine, verdict: Verdict | None, waited: float) -> Ticket:
         tenant = ask.tenant
         if tenant.max_concurrency:
             self._active_add(tenant.name, 1)
-        busy, engine_id = self._busy, engine.id
+        busy, engine_id = self._busy, engine.spec.id
         busy[engine_id] = busy.get(engine_id, 0) + 1
-        self._metrics.tenant_admitted(tenant, waited)
-        return Grant(engine, Ticket(self, ask, engine.id, verdict))
+        tally = self.tallies.of(tenant.name)
+        if waited:
+            tally.wait(waited)
+        else:  # most requests: no wait at all
+            tally.waits[0] += 1
+        return Ticket(self, ask, engine, tally, verdict)
 
     def _refuse(
         self, ask: Ask, outcome: str, message: str, retry_after: float, headers: bytes = b""
     ) -> Refusal:
-        self._metrics.tenant_request(ask.tenant, outcome)
+        self.tallies.of(ask.tenant.name).refused(outcome)
         return Refusal(outcome, message, max(retry_after, 1.0) if retry_after > 0 else 0.0, headers)
 
     def _chose_none(self, ask: Ask, verdict: Verdict | None) -> Refusal:
@@ -269,11 +273,11 @@ class FlowControl:
     # -- the queue ----------------------------------------------------------------------------
 
     def _enqueue(
-        self, ask: Ask, choose: Choose, verdict: Verdict | None
-    ) -> Awaitable[Grant | Refusal]:
+        self, ask: Ask, picker: Picker, features: Any, verdict: Verdict | None
+    ) -> Awaitable[Ticket | Refusal]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Grant | Refusal] = loop.create_future()
-        waiting = _Waiting(ask, choose, verdict, future, loop.time())
+        future: asyncio.Future[Ticket | Refusal] = loop.create_future()
+        waiting = _Waiting(ask, picker, features, verdict, future, loop.time())
         queue = self._queues.get(ask.model)
         if queue is None:
             queue = self._queues[ask.model] = FairQueue()
@@ -296,7 +300,7 @@ class FlowControl:
         return self._wait(future)
 
     @staticmethod
-    async def _wait(future: asyncio.Future[Grant | Refusal]) -> Grant | Refusal:
+    async def _wait(future: asyncio.Future[Ticket | Refusal]) -> Ticket | Refusal:
         """The queued request's answer. Its client may leave while waiting (the future is
         cancelled: it leaves the queue), or just after its grant, before it could use it:
         the grant is given back then."""
@@ -305,8 +309,8 @@ class FlowControl:
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 granted = future.result()
-                if isinstance(granted, Grant):
-                    granted.ticket.done(0, 0)
+                if isinstance(granted, Ticket):
+                    granted.done(0, 0)
             raise
 
     def _unqueue(self, waiting: _Waiting) -> bool:
@@ -353,7 +357,7 @@ class FlowControl:
 
     def _client_left(self, waiting: _Waiting) -> None:
         self._give_back(waiting.ask, waiting.verdict)
-        self._metrics.tenant_request(waiting.ask.tenant, "client_left")
+        self.tallies.of(waiting.ask.tenant.name).refused("client_left")
 
     def _soon(self) -> None:
         if self._queued and self._dispatch_soon is None:
@@ -385,28 +389,28 @@ class FlowControl:
                 if waiting.future.cancelled():  # its client left; `_left` has not run yet
                     self._client_left(waiting)
                     continue
-                engine = waiting.choose(room)
+                engine = waiting.picker.select(room, waiting.features)
                 if engine is None:
                     waiting.future.set_result(self._chose_none(waiting.ask, waiting.verdict))
                     continue
                 granted = self._grant(waiting.ask, engine, waiting.verdict, now - waiting.since)
                 waiting.future.set_result(granted)
-                if not self._has_room(engine):
-                    room = [e for e in room if e is not engine]
+                room = self._with_room(room)
 
     # -- tickets ------------------------------------------------------------------------------
 
     def moved(self, old: str, new: str) -> None:
-        self._busy_add(old, -1)
-        self._busy_add(new, 1)
+        busy = self._busy
+        busy[new] = busy.get(new, 0) + 1
+        self._free(old)
 
-    def _busy_add(self, engine_id: str, delta: int) -> None:
-        busy = self._busy.get(engine_id, 0) + delta
-        if busy > 0:
-            self._busy[engine_id] = busy
-        else:
-            self._busy.pop(engine_id, None)
-        if delta < 0 and self._queued:
+    def _free(self, engine_id: str) -> None:
+        """A slot on `engine_id` is given back: the queue may go on."""
+        busy = self._busy
+        left = busy.pop(engine_id) - 1
+        if left:
+            busy[engine_id] = left
+        if self._queued:
             self._soon()
 
     def _active_add(self, tenant: str, delta: int) -> None:
@@ -418,12 +422,14 @@ class FlowControl:
 
     def ended(self, ticket: Ticket, prompt: int | None, completion: int | None) -> None:
         tenant = ticket.tenant
-        self._busy_add(ticket.engine_id, -1)
+        self._free(ticket.engine.spec.id)
         if tenant.max_concurrency:  # counted only where there is a limit to hold
             self._active_add(tenant.name, -1)
         if prompt is None and completion is None:
             return
-        self._metrics.tenant_tokens(tenant, prompt or 0, completion or 0)
+        prompt, completion = prompt or 0, completion or 0
+        tally = ticket.tally
+        tally.prompt += prompt
+        tally.completion += completion
         if ticket.reserved > 0:
-            used = (prompt or 0) + (completion or 0)
-            self.store.settle(tenant.name, ticket.window, used - ticket.reserved)
+            self.store.settle(tenant.name, ticket.window, prompt + completion - ticket.reserved)

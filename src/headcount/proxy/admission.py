@@ -35,9 +35,9 @@ from headcount.auth import Credentials
 from headcount.config import ProxySettings
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.flow.control import FlowControl
-from headcount.flow.ticket import Grant, Refusal, Ticket
+from headcount.flow.ticket import Ask, Decision, Refusal, Ticket
 from headcount.proxy import payload
-from headcount.proxy.demand import Demand, demand_of, refusal_answer
+from headcount.proxy.demand import ask_of, refusal_answer
 from headcount.proxy.errors import (
     BODY_TOO_COMPLEX,
     BODY_UNREADABLE_NOW,
@@ -135,8 +135,8 @@ class Admission:
             return _REFUSALS[body]
         source = policy.key_source
         key = None if source is None else source(body, lambda name: find_header(headers, name))
-        demand = demand_of(flow, self._credentials, request, body)
-        return _route((body["model"], key), self._fleet.snapshot, policy, demand=demand)
+        ask = ask_of(flow, self._credentials, request, body)
+        return _route((body["model"], key), self._fleet.snapshot, policy, ask=ask)
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -147,8 +147,8 @@ class Admission:
         read = await self._parser.read(
             request.body, policy.key_source, request.headers, request.client
         )
-        demand = None if flow is None else demand_of(flow, self._credentials, request, None)
-        return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, demand=demand))
+        ask = None if flow is None else ask_of(flow, self._credentials, request, None)
+        return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, ask=ask))
 
 
 _REFUSALS = {
@@ -173,18 +173,18 @@ def _route(
     kv: KvAware | None = None,
     prompt: Sequence[int] | None = None,
     *,
-    demand: Demand | None = None,
+    ask: Ask | None = None,
 ) -> Admitted | Refused | Later:
     """The policy's decision for a body already read (`read` is `payload`'s outcome); for
     the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O; a wait only
-    for flow control (`demand`)."""
+    for flow control (`ask`)."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
         return Refused(*unroutable(snapshot, model))
-    return _select(model, key, candidates, policy, kv, prompt, demand)
+    return _select(model, key, candidates, policy, kv, prompt, ask)
 
 
 def _select(
@@ -194,13 +194,13 @@ def _select(
     policy: Policy,
     kv: KvAware | None,
     prompt: Sequence[int] | None,
-    demand: Demand | None = None,
+    ask: Ask | None = None,
 ) -> Admitted | Refused | Later:
     """The policy's choice among `candidates` (not empty) for `model`; with flow control
-    (`demand`), among those with room, or later, or refused."""
+    (`ask`), among those with room, or later, or refused."""
     features = RequestFeatures(model, key, None if kv is None else kv.request(model, prompt))
-    if demand is not None:
-        return _flow_select(demand, features, candidates, policy, prompt)
+    if ask is not None:
+        return _flow_select(ask, features, candidates, policy, prompt)
     engine = policy.select(candidates, features)
     if engine is None:
         return Refused(no_engine(f"the routing policy chose no engine for `{model}`"), model)
@@ -208,35 +208,36 @@ def _select(
 
 
 def _flow_select(
-    demand: Demand,
+    ask: Ask,
     features: RequestFeatures,
     candidates: Sequence[Engine],
     policy: Policy,
     prompt: Sequence[int] | None,
 ) -> Admitted | Refused | Later:
     """Flow control's decision, the policy choosing among the engines with room."""
-    ask = demand.ask(features.model, None if prompt is None else len(prompt))
-    decided = demand.control.admit(ask, candidates, lambda room: policy.select(room, features))
-    if isinstance(decided, (Grant, Refusal)):
-        return _granted(decided, features, demand)
-    return Later(_granted_later(decided, features, demand))
-
-
-def _granted(
-    decided: Grant | Refusal, features: RequestFeatures, demand: Demand
-) -> Admitted | Refused:
+    ask.model = features.model
+    if prompt is not None:
+        ask.prompt = len(prompt)
+    decided: Decision = ask.control.admit(ask, candidates, policy, features)
+    if isinstance(decided, Ticket):
+        return Admitted(decided.engine, features, decided, decided.forward)
     if isinstance(decided, Refusal):
-        answer, headers = refusal_answer(decided)
-        return Refused(answer, features.model, headers)
-    ticket = decided.ticket
-    ticket.drop_usage = demand.forward is not None
-    return Admitted(decided.engine, features, ticket, demand.forward)
+        return _refused(decided, features)
+    return Later(_granted_later(decided, features))
+
+
+def _refused(refusal: Refusal, features: RequestFeatures) -> Refused:
+    answer, headers = refusal_answer(refusal)
+    return Refused(answer, features.model, headers)
 
 
 async def _granted_later(
-    decided: Awaitable[Grant | Refusal], features: RequestFeatures, demand: Demand
+    decided: Awaitable[Ticket | Refusal], features: RequestFeatures
 ) -> Admitted | Refused:
-    return _granted(await decided, features, demand)
+    ticket = await decided
+    if isinstance(ticket, Refusal):
+        return _refused(ticket, features)
+    return Admitted(ticket.engine, features, ticket, ticket.forward)
 
 
 async def _decided(decision: Admitted | Refused | Later) -> Admitted | Refused:
@@ -284,17 +285,17 @@ class _Prompts:
         candidates = snapshot.candidates(model)
         if not candidates:
             return Refused(*unroutable(snapshot, model))
-        demand = None if flow is None else demand_of(flow, credentials, request, body)
+        ask = None if flow is None else ask_of(flow, credentials, request, body)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
-            return _select(model, None, candidates, kv, kv, None, demand)
+            return _select(model, None, candidates, kv, kv, None, ask)
         tokenizer = self._tokenizer
         if tokenizer is None:
-            return Later(self._asked(body, kind, candidates, request, fleet, demand))
+            return Later(self._asked(body, kind, candidates, request, fleet, ask))
         ids = None
         if len(request.body) <= self._inline_max:
             ids = local_ids(body, kind, tokenizer)
-        return _select(model, None, candidates, kv, kv, ids, demand)
+        return _select(model, None, candidates, kv, kv, ids, ask)
 
     async def _asked(
         self,
@@ -303,7 +304,7 @@ class _Prompts:
         candidates: Sequence[Engine],
         request: Request,
         fleet: Fleet,
-        demand: Demand | None,
+        ask: Ask | None,
     ) -> Admitted | Refused:
         """Route after asking one of `candidates` for the prompt's ids (the fleet may have
         changed meanwhile: routed within its snapshot then)."""
@@ -315,4 +316,4 @@ class _Prompts:
             authorization=find_header(request.headers, b"authorization"),
         )
         read = (body["model"], None)
-        return await _decided(_route(read, fleet.snapshot, self._kv, self._kv, ids, demand=demand))
+        return await _decided(_route(read, fleet.snapshot, self._kv, self._kv, ids, ask=ask))

@@ -1,12 +1,13 @@
 """Flow control's side of admission: whose a request is, what it may cost, how it hears no.
 
-With a tenants file, every proxied request is a `Demand` on flow control: its
+With a tenants file, every proxied request is an `Ask` of flow control: its
 tenant (from its key), its priority (the tenant's, lowered by an
 `x-gateway-inference-objective` the file names), its flow inside the tenant
-(`x-gateway-inference-fairness-id`), and the tokens it reserves: its prompt's
-(counted by the router's tokenizer when it has one, else its body's bytes / 4)
-plus the most it may generate (`max_completion_tokens` or `max_tokens`, else
-`DEFAULT_COMPLETION_RESERVE`). A streamed request that does not ask for usage
+(`x-gateway-inference-fairness-id`), and what flow control needs to work out
+the tokens it reserves (`Ask.tokens`): its prompt's (counted by the router's
+tokenizer when it has one, else its body's bytes / 4) plus the most it may
+generate (`max_completion_tokens` or `max_tokens`, else
+`DEFAULT_COMPLETION_RESERVE`; none for embeddings). A streamed request that does not ask for usage
 is forwarded asking for it (`usage.ask_usage`), so that its tokens can be
 settled; the usage chunk is then taken out of what the client receives.
 """
@@ -14,8 +15,7 @@ settled; the usage chunk is then taken out of what the client receives.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from headcount._http.handler import Request
 from headcount._http.wire import JSON_HEADER, error_body
@@ -26,73 +26,39 @@ from headcount.flow.ticket import Ask, Refusal
 from headcount.proxy.errors import ErrorAnswer
 from headcount.proxy.usage import ask_usage
 
-__all__ = ["DEFAULT_COMPLETION_RESERVE", "Demand", "demand_of", "refusal_answer"]
+__all__ = ["ask_of", "refusal_answer"]
 
-DEFAULT_COMPLETION_RESERVE = 256
-"""Tokens reserved for an answer whose request names no `max_tokens`; settled on its usage."""
-_BYTES_PER_TOKEN = 4
 _FLOW_MAX = 128
 _FAIRNESS_ID = b"x-gateway-inference-fairness-id"
 _OBJECTIVE = b"x-gateway-inference-objective"
 _NO_COMPLETION = frozenset({b"/v1/embeddings"})
 
 
-class Demand(NamedTuple):
-    """One request as flow control weighs it."""
-
-    control: FlowControl
-    tenant: Tenant
-    priority: int
-    flow: str
-    completion: int
-    """Tokens reserved for the answer."""
-    body_size: int
-    forward: bytes | None
-    """The body as forwarded when the router asks for usage (None: the client's)."""
-
-    def ask(self, model: str, prompt_tokens: int | None) -> Ask:
-        """The ask for `model`, with the prompt's token count when known."""
-        prompt = self.body_size // _BYTES_PER_TOKEN if prompt_tokens is None else prompt_tokens
-        return Ask(self.tenant, self.priority, self.flow, model, prompt + self.completion)
-
-
-def demand_of(
+def ask_of(
     control: FlowControl,
     credentials: Credentials,
     request: Request,
     body: dict[str, Any] | None,
-) -> Demand:
-    """`request`'s demand; `body` its parsed JSON when read on the loop (None: read by a
-    worker, whose answer is only its model: the default reserve, usage not asked)."""
+) -> Ask:
+    """`request`'s ask of `control`, its model not yet set; `body` its parsed JSON when read
+    on the loop (None: read by a worker, whose answer is only its model: the default
+    reserve, usage not asked)."""
     headers = request.headers
     tenant = request.identity
     if not isinstance(tenant, Tenant):  # open mode: the screen found no key to note
         tenant = credentials.tenant_of(headers)
-    objective = flow = None
-    for name, value in headers:  # one pass for both headers: most requests carry neither
-        if name == _OBJECTIVE:
-            objective = value
-        elif name == _FAIRNESS_ID:
-            flow = value[:_FLOW_MAX].decode("latin-1")
+    named = dict(headers)  # built in C: most requests carry neither header; the last one wins
+    objective, flow = named.get(_OBJECTIVE), named.get(_FAIRNESS_ID)
     priority = tenant.priority
     if objective is not None:
         priority = effective_priority(tenant, objective, credentials.tenants)
-    completion, forward = DEFAULT_COMPLETION_RESERVE, None
+    completion = forward = None
     if request.path in _NO_COMPLETION:
         completion = 0
-    elif body is not None:
-        completion = _completion_reserve(body)
-        if body.get("stream") is True:
-            forward = ask_usage(body, request.body)
-    return Demand(control, tenant, priority, flow or "", completion, len(request.body), forward)
-
-
-def _completion_reserve(body: Mapping[str, Any]) -> int:
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    return DEFAULT_COMPLETION_RESERVE
+    elif body is not None and body.get("stream") is True:
+        forward = ask_usage(body, request.body)
+    name = "" if flow is None else flow[:_FLOW_MAX].decode("latin-1")
+    return Ask(control, tenant, priority, name, body, len(request.body), completion, forward)
 
 
 _STATUS = {"queue_timeout": 503, "no_engine": 503}

@@ -270,7 +270,7 @@ class Exchange:
             self._failovers += 1
             tried.append(engine.id)
             if self._ticket is not None:
-                self._ticket.moved(engine.id)
+                self._ticket.moved(engine)
         return engine
 
     def _release(self, failed: bool) -> None:
@@ -549,12 +549,14 @@ class Exchange:
     def _meter(self, ticket: Ticket, head: ResponseHead, body: bytes, complete: bool) -> None:
         """Read the tokens the answer reports: at once from an answer whole in its first read
         (the common unstreamed one), else through a tap in front of the client's responder."""
-        if complete and not ticket.drop_usage:
+        if complete and ticket.forward is None:
             numbers = usage_of(body)
             if numbers is not None:
+                self._ticket = None  # given back now: the end has nothing left to settle
                 ticket.done(*numbers)
             return
-        tap = UsageTap.for_response(find_header(head.headers, b"content-type"), ticket.drop_usage)
+        content_type = find_header(head.headers, b"content-type")
+        tap = UsageTap.for_response(content_type, drop_usage=ticket.forward is not None)
         self._responder = TappedResponder(self._responder, tap)
 
     def _settle(self, ticket: Ticket, status: int) -> None:

@@ -196,27 +196,35 @@ class UsageTap:
 def usage_of(tail: bytes) -> tuple[int | None, int | None] | None:
     """The prompt and completion tokens of the last `usage` object in `tail` that has either
     (a whole answer, or the end of one); None when none has."""
-    end = len(tail)
+    found = tail.rfind(_USAGE)
+    if found < 0:
+        return None
+    layout = _VLLM_USAGE.match(tail, found + _OPEN)
+    if layout is not None:  # the common answer, read without a JSON parse
+        prompt, completion = layout.groups()
+        return int(prompt), int(completion)
     for _ in range(_ATTEMPTS):
-        found = tail.rfind(_USAGE, 0, end)
+        numbers = _parsed_usage(tail, found + _OPEN)
+        if numbers is not None:
+            return numbers
+        found = tail.rfind(_USAGE, 0, found)
         if found < 0:
             return None
-        start = found + _OPEN
-        layout = _VLLM_USAGE.match(tail, start)
-        if layout is not None:
-            return int(layout[1]), int(layout[2])
-        text = tail[start : start + _USAGE_SPAN].decode("utf-8", "replace")
-        try:
-            usage, _ = _DECODER.raw_decode(text)
-        except ValueError:
-            usage = None
-        if isinstance(usage, dict):
-            prompt = _count(usage.get("prompt_tokens"))
-            completion = _count(usage.get("completion_tokens"))
-            if prompt is not None or completion is not None:
-                return prompt, completion
-        end = found
     return None
+
+
+def _parsed_usage(tail: bytes, start: int) -> tuple[int | None, int | None] | None:
+    """The numbers of the JSON object at `start`, if it is a usage that has either."""
+    text = tail[start : start + _USAGE_SPAN].decode("utf-8", "replace")
+    try:
+        usage, _ = _DECODER.raw_decode(text)
+    except ValueError:
+        return None
+    if not isinstance(usage, dict):
+        return None
+    prompt = _count(usage.get("prompt_tokens"))
+    completion = _count(usage.get("completion_tokens"))
+    return None if prompt is None and completion is None else (prompt, completion)
 
 
 def _count(value: object) -> int | None:

@@ -1,23 +1,18 @@
-"""Flow control's series: per tenant as requests pass, the queue and the store when scraped.
+"""Flow control's series, as one scrape sees them.
 
-With a tenants file, `TenantMetrics` counts each tenant's requests by outcome
+With a tenants file, flow control counts each tenant's requests by outcome
 (`headcount_tenant_requests_total`), its settled tokens
 (`headcount_tenant_tokens_total`) and its time in the router's queue
-(`headcount_queue_seconds`), as plain integers on the event loop: a request
-pays a dict lookup and an addition, not a registry's label lookup and lock.
-The `tenant` label takes only names the tenants file holds now (`default`
-included): any other (a tenant a reload removed) is `other`, so that no input
-mints series. At each scrape `FlowCollector` gets a copy of those counts, made
-on the loop, with what waits per priority (`headcount_queue_depth`), each
-engine's learned capacity (`headcount_engine_capacity`) and the limits
-store's state.
+(`headcount_queue_seconds`) as plain integers on the event loop
+(`flow/tally.py`, which also bounds the `tenant` label). At each scrape
+`FlowCollector` gets a copy of those counts, made on the loop, with what
+waits per priority (`headcount_queue_depth`), each engine's learned capacity
+(`headcount_engine_capacity`) and the limits store's state.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from collections.abc import Iterator
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -26,96 +21,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 
-from headcount.auth.tenants import Tenant
 from headcount.fleet import Snapshot
 from headcount.flow.limits import StoreHealth
+from headcount.flow.tally import QUEUE_BUCKETS, TenantCounts
 
-__all__ = ["OTHER_TENANT", "QUEUE_BUCKETS", "FlowCollector", "TenantCounts", "TenantMetrics"]
-
-OTHER_TENANT = "other"
-QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-class _Waits:
-    """One tenant's queue-time histogram: a count per bucket (the last is +Inf), the sum."""
-
-    __slots__ = ("buckets", "total")
-
-    def __init__(self) -> None:
-        self.buckets = [0] * (len(QUEUE_BUCKETS) + 1)
-        self.total = 0.0
-
-
-class TenantCounts(NamedTuple):
-    """A copy of the counts, taken on the loop for one scrape."""
-
-    requests: dict[tuple[str, str], int]
-    tokens: dict[tuple[str, str], int]
-    waits: dict[str, tuple[list[int], float]]
-
-
-class TenantMetrics:
-    """Flow control's `FlowMetrics`: per-tenant counts with a bounded `tenant` label."""
-
-    def __init__(self, names: Callable[[], frozenset[str]]) -> None:
-        """`names`: the tenants the file in force holds (read again when a name is new)."""
-        self._names = names
-        self._known: frozenset[str] = frozenset()
-        self._labels: dict[int, tuple[Tenant, str]] = {}
-        """Per tenant object, its label (a reloaded file's tenants are new objects, labelled
-        afresh); keyed by identity, the tenant kept so that its id is not reused."""
-        self._outcomes: dict[tuple[str, str], int] = {}
-        self._tokens: dict[tuple[str, str], int] = {}
-        self._waits: dict[str, _Waits] = {}
-
-    def _label(self, tenant: Tenant) -> str:
-        known = self._labels.get(id(tenant))
-        if known is not None:
-            return known[1]
-        if len(self._labels) > 10_000:  # reloads make new tenants: bound the cache
-            self._labels.clear()
-        name = tenant.name
-        if name not in self._known:
-            self._known = self._names()
-        label = name if name in self._known else OTHER_TENANT
-        self._labels[id(tenant)] = (tenant, label)
-        return label
-
-    def tenant_request(self, tenant: Tenant, outcome: str) -> None:
-        self._count(self._label(tenant), outcome)
-
-    def _count(self, label: str, outcome: str) -> None:
-        key = (label, outcome)
-        self._outcomes[key] = self._outcomes.get(key, 0) + 1
-
-    def tenant_admitted(self, tenant: Tenant, waited: float) -> None:
-        label = self._label(tenant)
-        self._count(label, "admitted")
-        waits = self._waits.get(label)
-        if waits is None:
-            waits = self._waits[label] = _Waits()
-        if waited:
-            waits.buckets[bisect_left(QUEUE_BUCKETS, waited)] += 1
-            waits.total += waited
-        else:  # most requests: no wait at all
-            waits.buckets[0] += 1
-
-    def tenant_tokens(self, tenant: Tenant, prompt: int, completion: int) -> None:
-        label, tokens = self._label(tenant), self._tokens
-        if prompt:
-            key = (label, "prompt")
-            tokens[key] = tokens.get(key, 0) + prompt
-        if completion:
-            key = (label, "completion")
-            tokens[key] = tokens.get(key, 0) + completion
-
-    def counts(self) -> TenantCounts:
-        """A copy for one scrape's render thread."""
-        return TenantCounts(
-            dict(self._outcomes),
-            dict(self._tokens),
-            {label: (list(w.buckets), w.total) for label, w in self._waits.items()},
-        )
+__all__ = ["FlowCollector"]
 
 
 class FlowCollector:

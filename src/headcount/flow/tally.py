@@ -1,0 +1,108 @@
+"""What flow control counts per tenant, as plain integers a request adds to on the loop.
+
+A granted request adds one to its tenant's queue-time histogram (the bucket
+of its wait; almost always the first, no wait at all) and, at its end, the
+tokens the engine reported; a refused one adds to its outcome. That is a dict
+lookup and an addition per request, not a metrics registry's label lookup
+and lock: `surfaces/flow_metrics.py` renders a copy at each scrape.
+
+The copy is labelled by tenant name, and only names the tenants file holds
+now may be labels: the counts of a name a reload removed are folded, at that
+scrape, into tenant `other` for good (a request of it still in flight adds to
+its emptied count, folded at the next), so that no input mints series and no
+counter goes down.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import NamedTuple
+
+from headcount.auth.tenants import OTHER_TENANT
+
+__all__ = ["QUEUE_BUCKETS", "Tallies", "TenantCounts", "TenantTally"]
+
+QUEUE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class TenantTally:
+    """One tenant's counts."""
+
+    __slots__ = ("completion", "outcomes", "prompt", "waited", "waits")
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.waits = [0] * (len(QUEUE_BUCKETS) + 1)
+        """Admitted requests per queue-time bucket (the last is +Inf)."""
+        self.waited = 0.0
+        """Seconds the admitted requests waited, summed."""
+        self.outcomes: dict[str, int] = {}
+        """Requests not admitted, per outcome (a refusal, or `client_left`)."""
+        self.prompt = 0
+        self.completion = 0
+
+    def wait(self, seconds: float) -> None:
+        """An admitted request waited `seconds` (more than 0) in the queue."""
+        self.waits[bisect_left(QUEUE_BUCKETS, seconds)] += 1
+        self.waited += seconds
+
+    def refused(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def take(self, other: TenantTally) -> None:
+        """Move `other`'s counts into these, leaving it empty."""
+        self.waits = [mine + theirs for mine, theirs in zip(self.waits, other.waits, strict=True)]
+        self.waited += other.waited
+        for outcome, count in other.outcomes.items():
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + count
+        self.prompt += other.prompt
+        self.completion += other.completion
+        other.clear()
+
+
+class TenantCounts(NamedTuple):
+    """A copy of every tenant's counts, by label, taken on the loop for one scrape."""
+
+    requests: dict[tuple[str, str], int]
+    """Per (tenant, outcome): `admitted` and the others."""
+    tokens: dict[tuple[str, str], int]
+    """Per (tenant, kind): `prompt`, `completion`."""
+    waits: dict[str, tuple[list[int], float]]
+    """Per tenant, its queue-time buckets and their sum."""
+
+
+class Tallies:
+    """Every tenant's `TenantTally`, by name."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, TenantTally] = {}
+        self._other = TenantTally()
+
+    def of(self, name: str) -> TenantTally:
+        tally = self._by_name.get(name)
+        if tally is None:
+            tally = self._by_name[name] = TenantTally()
+        return tally
+
+    def counts(self, names: frozenset[str]) -> TenantCounts:
+        """A copy labelled by name, tenants not in `names` folded into `other` first."""
+        labelled = []
+        for name, tally in self._by_name.items():
+            if name in names:
+                labelled.append((name, tally))
+            else:  # kept, emptied: a ticket in flight may still add to it
+                self._other.take(tally)
+        counts = TenantCounts({}, {}, {})
+        if any(self._other.waits) or self._other.outcomes:
+            labelled.append((OTHER_TENANT, self._other))
+        for label, tally in labelled:
+            counts.requests[(label, "admitted")] = sum(tally.waits)
+            for outcome, count in tally.outcomes.items():
+                counts.requests[(label, outcome)] = count
+            for kind, tokens in (("prompt", tally.prompt), ("completion", tally.completion)):
+                if tokens:
+                    counts.tokens[(label, kind)] = tokens
+            counts.waits[label] = (list(tally.waits), tally.waited)
+        return counts
