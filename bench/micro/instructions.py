@@ -43,7 +43,7 @@ _TOTAL = re.compile(r"I\s+refs:\s+([\d,]+)")
 _LENGTH = re.compile(rb"content-length: (\d+)")
 
 
-def _request(stream: bool) -> bytes:
+def chat_request(stream: bool) -> bytes:
     body = json.dumps(
         {
             "model": "sim-model",
@@ -59,7 +59,7 @@ def _request(stream: bool) -> bytes:
     )
 
 
-def _exchange(client: socket.socket, request: bytes, pending: bytes) -> tuple[int, bytes]:
+def exchange(client: socket.socket, request: bytes, pending: bytes) -> tuple[int, bytes]:
     """Send one request, read its whole answer; the status and what came after it."""
     client.sendall(request)
     while True:
@@ -79,7 +79,7 @@ def _exchange(client: socket.socket, request: bytes, pending: bytes) -> tuple[in
         pending += data
 
 
-def _listens(port: int) -> bool:
+def listens(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     except OSError:
@@ -87,14 +87,14 @@ def _listens(port: int) -> bool:
     return True
 
 
-def _answered(port: int, request: bytes) -> tuple[socket.socket, bytes] | None:
+def answered(port: int, request: bytes) -> tuple[socket.socket, bytes] | None:
     """A connection on which the router just answered `request` with a 200, or None."""
     try:
         client = socket.create_connection(("127.0.0.1", port), timeout=60)
     except OSError:
         return None
     try:
-        status, pending = _exchange(client, request, b"")
+        status, pending = exchange(client, request, b"")
     except (OSError, BenchError):
         client.close()
         return None
@@ -132,11 +132,11 @@ def count(
         *extra,
     ]
     router = procs.start(f"{name}-{requests}", command, port=port)
-    request = _request(stream)
+    request = chat_request(stream)
     ready: list[tuple[socket.socket, bytes]] = []
 
     def answers() -> bool:
-        connection = _answered(port, request)
+        connection = answered(port, request)
         if connection is not None:
             ready.append(connection)
         return bool(ready)
@@ -145,7 +145,7 @@ def count(
     client, pending = ready[0]
     with client:
         for _ in range(WARMUP + requests):
-            status, pending = _exchange(client, request, pending)
+            status, pending = exchange(client, request, pending)
             if status != 200:
                 raise BenchError(f"the router answered {status}")
     # SIGTERM alone, waited for: the router shuts down and valgrind writes its totals, which
@@ -192,7 +192,7 @@ def main() -> int:
             engine = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
             engine += ["--port", str(port), "--model", "sim-model", "--token-delay", "1e-06"]
             started = procs.start(f"engine-{number}", engine, port=port)
-            block_until(functools.partial(_listens, port), 60, "an engine to listen", started)
+            block_until(functools.partial(listens, port), 60, "an engine to listen", started)
             urls.append(f"http://127.0.0.1:{port}")
         print("| target | kind | instructions per request |\n|---|---|--:|")
         for kind in args.kind.split(","):

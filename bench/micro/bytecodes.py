@@ -1,0 +1,204 @@
+"""Where a proxied request's Python work goes: bytecodes per request, by layer and function.
+
+`instructions.py` says how much a request costs, exactly; this says where. The router
+runs under a bytecode tracer (`programs/traced_router.py`: `sys.settrace` with opcode
+events) with static discovery over two simulated engines; one keep-alive client sends
+`--requests` chats (or 20-chunk streams) after a warm-up, counting on only meanwhile.
+Each function's bytecodes and calls are divided by the requests, and the functions are
+summed per layer of the request's path (`LAYERS`). Counts are exact and repeat from run
+to run; work done in C (httptools' parse, the JSON scanner, socket calls, uvloop) is not
+a bytecode and shows only in `instructions.py`'s totals. `--flow` counts the router
+with a tenants file too (an unlimited `[default]`, as `instructions.py --flow`) and
+prints the difference per function.
+
+Usage: `.venv/bin/python -m bench.micro.bytecodes [--kind chat,stream] [--requests 300]
+[--flow] [--top 25]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from bench.common.harness import OUT, BenchError, run_benchmark, say
+from bench.common.processes import Processes, block_until
+from bench.micro.instructions import WARMUP, answered, chat_request, exchange, listens
+from headcount.sim.loopback import free_port
+
+__all__: list[str] = []
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("HTTP: parse, write, relay (`_http/`)", ("headcount/_http/",)),
+    (
+        "data plane: screen, headers, errors",
+        (
+            "headcount/proxy/dataplane",
+            "headcount/proxy/headers",
+            "headcount/proxy/errors",
+            "headcount/proxy/fairqueue",
+        ),
+    ),
+    (
+        "admission: body, route",
+        ("headcount/proxy/admission", "headcount/proxy/payload", "headcount/proxy/parsepool"),
+    ),
+    ("routing policy", ("headcount/routing/",)),
+    ("exchange: attempt, answer, outcome", ("headcount/proxy/exchange", "headcount/proxy/stalls")),
+    (
+        "flow control and metering",
+        (
+            "headcount/flow/",
+            "headcount/proxy/demand",
+            "headcount/proxy/metering",
+            "headcount/proxy/usage",
+        ),
+    ),
+    (
+        "metrics",
+        ("headcount/surfaces/metrics", "headcount/surfaces/flow_metrics", "prometheus_client/"),
+    ),
+    ("access log", ("headcount/surfaces/access_log", "headcount/logs")),
+    ("fleet and load", ("headcount/fleet/",)),
+    ("asyncio (Python side)", ("asyncio/",)),
+)
+_OTHER = "other"
+
+
+def layer_of(function: str) -> str:
+    for layer, prefixes in LAYERS:
+        if function.startswith(prefixes):
+            return layer
+    return _OTHER
+
+
+def count(
+    procs: Processes,
+    name: str,
+    engines: list[str],
+    requests: int,
+    stream: bool,
+    extra: tuple[str, ...],
+) -> dict[str, dict[str, float]]:
+    """Bytecodes and calls per request, per function, for one router run."""
+    port = free_port()
+    out = OUT / f"bytecodes-{name}-{os.getpid()}.json"
+    command = [
+        sys.executable,
+        "-m",
+        "bench.micro.programs.traced_router",
+        str(out),
+        "serve",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--discovery=static",
+        f"--backends={','.join(engines)}",
+        "--probe-interval=3600",
+        "--log-level=warning",
+        *extra,
+    ]
+    router = procs.start(name, command, port=port)
+    request = chat_request(stream)
+    ready: list[tuple[socket.socket, bytes]] = []
+
+    def answers() -> bool:
+        connection = answered(port, request)
+        if connection is not None:
+            ready.append(connection)
+        return bool(ready)
+
+    block_until(answers, 120, "the traced router to answer 200", router)
+    client, pending = ready[0]
+    with client:
+        for _ in range(WARMUP):
+            _, pending = exchange(client, request, pending)
+        router.popen.send_signal(signal.SIGUSR1)
+        for _ in range(requests):
+            status, pending = exchange(client, request, pending)
+            if status != 200:
+                raise BenchError(f"the router answered {status}")
+        router.popen.send_signal(signal.SIGUSR1)
+    router.popen.send_signal(signal.SIGTERM)
+    router.popen.wait(timeout=120)
+    procs.stop(router)
+    try:
+        counts = json.loads(out.read_text())
+    except (OSError, ValueError) as error:
+        raise BenchError(
+            f"no counts from the traced router ({error}):\n{router.log_tail()}"
+        ) from error
+    out.unlink()
+    return {kind: {f: n / requests for f, n in by.items()} for kind, by in counts.items()}
+
+
+def report(title: str, counts: Mapping[str, Mapping[str, float]], top: int) -> None:
+    bytecodes, calls = counts["bytecodes"], counts["calls"]
+    total = sum(bytecodes.values())
+    layers: dict[str, list[float]] = {}
+    for function, n in bytecodes.items():
+        entry = layers.setdefault(layer_of(function), [0.0, 0.0])
+        entry[0] += n
+        entry[1] += calls.get(function, 0.0)
+    python_calls = sum(calls.values())
+    print(f"\n### {title}: {total:,.0f} bytecodes, {python_calls:,.0f} Python calls a request\n")
+    print("| layer | bytecodes | share | calls |\n|---|--:|--:|--:|")
+    for layer, (n, c) in sorted(layers.items(), key=lambda item: -item[1][0]):
+        print(f"| {layer} | {n:,.0f} | {n / total:.0%} | {c:,.0f} |")
+    print(f"\n| function (top {top}) | bytecodes | calls |\n|---|--:|--:|")
+    for function, n in sorted(bytecodes.items(), key=lambda item: -item[1])[:top]:
+        print(f"| `{function}` | {n:,.1f} | {calls.get(function, 0.0):,.1f} |")
+
+
+def difference(
+    base: Mapping[str, Mapping[str, float]], other: Mapping[str, Mapping[str, float]], top: int
+) -> None:
+    before, after = base["bytecodes"], other["bytecodes"]
+    delta = {f: after.get(f, 0.0) - before.get(f, 0.0) for f in set(before) | set(after)}
+    added = sum(delta.values())
+    print(f"\n### With the tenants file, minus without: {added:+,.0f} bytecodes a request\n")
+    print("| function | bytecodes |\n|---|--:|")
+    for function, n in sorted(delta.items(), key=lambda item: -abs(item[1]))[:top]:
+        if abs(n) >= 0.5:
+            print(f"| `{function}` | {n:+,.1f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.micro.bytecodes")
+    parser.add_argument("--kind", default="chat,stream", help="comma list of chat, stream")
+    parser.add_argument("--requests", type=int, default=300, help="requests counted")
+    parser.add_argument("--flow", action="store_true", help="also with a tenants file")
+    parser.add_argument("--top", type=int, default=25, help="functions listed")
+    args = parser.parse_args()
+    os.environ["PYTHONHASHSEED"] = "0"
+    tenants = OUT / "bytecodes-tenants.toml"
+    tenants.write_text("[default]\n")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    with Processes(Path(OUT / f"bytecodes-{stamp}-logs")) as procs:
+        urls = []
+        for number in (1, 2):
+            port = free_port()
+            engine = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
+            engine += ["--port", str(port), "--model", "sim-model", "--token-delay", "1e-06"]
+            started = procs.start(f"engine-{number}", engine, port=port)
+            block_until(functools.partial(listens, port), 60, "an engine to listen", started)
+            urls.append(f"http://127.0.0.1:{port}")
+        for kind in args.kind.split(","):
+            say(f"{kind}: {args.requests} requests under the bytecode tracer")
+            plain = count(procs, f"{kind}", urls, args.requests, kind == "stream", ())
+            report(f"headcount, {kind}", plain, args.top)
+            if args.flow:
+                flow = (f"--tenants-file={tenants}",)
+                metered = count(procs, f"{kind}-flow", urls, args.requests, kind == "stream", flow)
+                difference(plain, metered, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_benchmark(main))
