@@ -95,7 +95,7 @@ class Routed:
         )
 
     def sample(self, name: str, **labels: str) -> float:
-        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+        return self.metrics.sample(name, labels) or 0.0
 
     async def post(self, path: str, body: object) -> tuple[int, dict[str, Any], dict[str, str]]:
         async with self.session.post(self.url + path, json=body) as response:

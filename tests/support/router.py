@@ -77,13 +77,8 @@ class Running:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=10)
 
     def code_count(self, code: int) -> float:
-        registry = self.router.metrics.registry
-        return (
-            registry.get_sample_value(
-                "headcount_requests_total", {"model": "unknown", "code": str(code), "outcome": "ok"}
-            )
-            or 0.0
-        )
+        labels = {"model": "unknown", "code": str(code), "outcome": "ok"}
+        return self.router.metrics.sample("headcount_requests_total", labels) or 0.0
 
 
 @asynccontextmanager

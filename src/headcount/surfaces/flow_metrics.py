@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 from headcount.fleet import Snapshot
 from headcount.flow.limits import StoreHealth
 from headcount.flow.tally import QUEUE_BUCKETS, TenantCounts
+from headcount.surfaces.served import cumulative
 
 __all__ = ["FlowCollector"]
 
@@ -97,13 +98,5 @@ class FlowCollector:
             labels=["tenant"],
         )
         for tenant, (buckets, total) in sorted(self._counts.waits.items()):
-            cumulative, running = [], 0
-            for bound, count in zip((*QUEUE_BUCKETS, float("inf")), buckets, strict=True):
-                running += count
-                cumulative.append((_bound(bound), running))
-            waits.add_metric([tenant], cumulative, total)
+            waits.add_metric([tenant], cumulative(QUEUE_BUCKETS, buckets), total)
         yield waits
-
-
-def _bound(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(bound)

@@ -1,8 +1,9 @@
 """Prometheus metrics: hot-path counters kept cheap, fleet state read at scrape time.
 
-Per-request series (`headcount_requests_total`, the latency histograms,
-failovers, outlier ejections, the router's own resource errors) live in a
-registry and are updated through cached label children; those with a fixed
+The per-request series (`headcount_requests_total` and the latency
+histograms) are plain integers on the event loop (`served.py`), copied at each
+scrape; the rarer ones (failovers, outlier ejections, the router's own
+resource errors, task restarts) live in a registry, and those with a fixed
 label set start at zero. Everything that describes the fleet, discovery or the
 cache indexes is computed from a snapshot when scraped (`scraped.py`), so an
 engine's series disappear with the engine. The text is rendered in a worker
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from headcount.clock import Clock
@@ -32,6 +33,7 @@ from headcount.fleet import Snapshot
 from headcount.fleet.outliers import REASONS as OUTLIER_REASONS
 from headcount.surfaces.kv_views import KvViews
 from headcount.surfaces.scraped import DiscoveryCollector, FleetCollector, KvCollector, SourceSample
+from headcount.surfaces.served import Count, Latency, Served
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -79,9 +81,6 @@ def whole(status: int) -> str:
     return ERROR if status >= 500 else OK
 
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-
-
 class _Collector(Protocol):
     def collect(self) -> Iterable[Metric]: ...
 
@@ -106,27 +105,7 @@ class Metrics:
         self._wall_clock = wall_clock
         self._kv_views = kv_views
         self.registry = CollectorRegistry(auto_describe=True)
-        self._requests = Counter(
-            "headcount_requests",
-            "Requests answered, by requested model, the HTTP status the client saw (499: none, "
-            "it left first) and how the answer ended (outcome: ok, error, cut, client_closed).",
-            ["model", "code", "outcome"],
-            registry=self.registry,
-        )
-        self._duration = Histogram(
-            "headcount_request_duration_seconds",
-            "Time from request received to response complete.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self._ttfb = Histogram(
-            "headcount_time_to_first_byte_seconds",
-            "Time from request received to the first response byte from an engine.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self._served = Served()
         self._failovers = Counter(
             "headcount_upstream_failovers",
             "Requests retried on another engine after a failure before the first byte.",
@@ -157,9 +136,9 @@ class Metrics:
             ["task"],
             registry=self.registry,
         )
-        self._children: dict[tuple[str, int, str], tuple[Counter, Histogram, Histogram]] = {}
-        self._labelled: dict[str, set[tuple[str, str]]] = {}
-        """Per model with series of its own, the (code, outcome) pairs it has series for."""
+        self._children: dict[tuple[str, int, str], tuple[Count, Latency, Latency]] = {}
+        self._labelled: set[str] = set()
+        """The models with series of their own."""
         self._max_models = max_models
         self._local_watchers: list[Callable[[str], None]] = []
         self._scraped_also: list[Callable[[Snapshot], _Collector]] = []
@@ -175,39 +154,33 @@ class Metrics:
                 # Bound the label cache: every served model and code may come by.
                 self._children.clear()
             children = self._children[key] = self._series(model, str(code), outcome)
-        requests, duration_hist, ttfb_hist = children
-        requests.inc()
-        duration_hist.observe(duration)
+        count, duration_series, ttfb_series = children
+        count.n += 1
+        duration_series.observe(duration)
         if ttfb is not None:
-            ttfb_hist.observe(ttfb)
+            ttfb_series.observe(ttfb)
 
-    def _series(self, model: str, code: str, outcome: str) -> tuple[Counter, Histogram, Histogram]:
+    def _series(self, model: str, code: str, outcome: str) -> tuple[Count, Latency, Latency]:
         if model != UNKNOWN_MODEL:
             if model not in self._labelled and len(self._labelled) >= self._max_models:
                 self._forget_unserved()
             if model in self._labelled or len(self._labelled) < self._max_models:
-                self._labelled.setdefault(model, set()).add((code, outcome))
+                self._labelled.add(model)
             else:
                 model = OTHER_MODELS
-        return (
-            self._requests.labels(model, code, outcome),
-            self._duration.labels(model),
-            self._ttfb.labels(model),
-        )
+        return self._served.series(model, code, outcome)
 
     def _forget_unserved(self) -> None:
         """Remove the series of every labelled model no engine serves now."""
         snapshot = self._snapshot()
         for model in [model for model in self._labelled if not snapshot.is_known(model)]:
-            for code, outcome in self._labelled.pop(model):
-                self._requests.remove(model, code, outcome)
-            self._duration.remove(model)
-            self._ttfb.remove(model)
+            self._labelled.discard(model)
+            self._served.remove(model)
         self._children.clear()
 
     def rejected(self, code: int) -> None:
         """A request the HTTP layer refused before it was read whole (400, 413, 431...)."""
-        self._requests.labels(UNKNOWN_MODEL, str(code), whole(code)).inc()
+        self._served.count(UNKNOWN_MODEL, str(code), whole(code)).n += 1
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()
@@ -233,13 +206,21 @@ class Metrics:
         """At each scrape, `collector(snapshot)` (made on the loop) adds its series too."""
         self._scraped_also.append(collector)
 
+    def sample(self, name: str, labels: dict[str, str]) -> float | None:
+        """The value of one sample as a scrape would see it now (None: no such sample)."""
+        for family in _Union([self.registry, self._served.copy()]).collect():
+            for found in family.samples:
+                if found.name == name and found.labels == labels:
+                    return found.value
+        return None
+
     async def render(self) -> bytes:
         """The exposition text, built off the event loop from one snapshot."""
         snapshot = self._snapshot()
         fleet = FleetCollector(snapshot)
         now = self._wall_clock()
         discovery = DiscoveryCollector([SourceSample.of(s, now) for s in self._sources])
-        collectors: list[_Collector] = [self.registry, fleet, discovery]
+        collectors: list[_Collector] = [self.registry, self._served.copy(), fleet, discovery]
         if self._kv_views is not None:
             views = self._kv_views()
             rows = [
