@@ -9,9 +9,9 @@ from headcount.auth import Credentials
 from headcount.auth.tenants import parse_tenants
 from headcount.config import FlowSettings
 from headcount.flow.control import FlowControl
-from headcount.flow.ticket import DEFAULT_COMPLETION_RESERVE, Ask
+from headcount.flow.ticket import DEFAULT_COMPLETION_RESERVE, Ticket
 from headcount.flow.window import MemoryStore
-from headcount.proxy.demand import ask_of
+from headcount.proxy.demand import ticket_of
 from headcount.proxy.payload import parse_request
 from tests.support.builders import ready_fleet, spec
 
@@ -29,7 +29,9 @@ priority = 50
 """
 
 
-def _weigh(body: dict[str, object], path: bytes = b"/v1/chat/completions", **headers: str) -> Ask:
+def _weigh(
+    body: dict[str, object], path: bytes = b"/v1/chat/completions", **headers: str
+) -> Ticket:
     credentials = Credentials(tenants=True)
     credentials.use_tenants(parse_tenants(TENANTS))
     control = FlowControl(ready_fleet(spec("a")), FlowSettings(), MemoryStore())
@@ -44,7 +46,7 @@ def _weigh(body: dict[str, object], path: bytes = b"/v1/chat/completions", **hea
     )
     parsed = parse_request(raw)
     assert isinstance(parsed, dict)
-    return ask_of(control, credentials, request, parsed)
+    return ticket_of(control, credentials, request, parsed)
 
 
 def test_open_mode_requests_are_the_default_tenants_and_an_objective_only_lowers() -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from headcount._http.handler import Request
 from headcount.auth.tenants import Tenant
 from headcount.config import FlowSettings
 from headcount.fleet import Engine, Fleet
@@ -14,7 +15,7 @@ from headcount.fleet.capacity import Capacity
 from headcount.flow.control import FlowControl
 from headcount.flow.limits import Charge, StoreHealth, Verdict
 from headcount.flow.tally import TenantCounts
-from headcount.flow.ticket import Ask, Decision, Refusal, Ticket
+from headcount.flow.ticket import Decision, Refusal, Ticket
 from headcount.sim.cluster.polling import wait_until
 from tests.support.builders import MODEL, ready_fleet, spec
 
@@ -60,14 +61,15 @@ def _control(fleet: Fleet, **settings: float) -> FlowControl:
     return FlowControl(fleet, flow, _Unlimited())
 
 
-def _ask(control: FlowControl, tenant: Tenant) -> Ask:
-    ask = Ask(control, tenant, tenant.priority, "", None, 0, completion=100)
-    ask.model = MODEL
-    return ask
+def _ticket(control: FlowControl, tenant: Tenant) -> Ticket:
+    request = Request(b"POST", b"/v1/completions", [], b"", True, True)
+    ticket = Ticket(control, tenant, request, {"max_tokens": 100})
+    ticket.model = MODEL
+    return ticket
 
 
 def _admit(control: FlowControl, fleet: Fleet, tenant: Tenant) -> Decision:
-    return control.admit(_ask(control, tenant), fleet.snapshot.candidates(MODEL), _First(), None)
+    return control.admit(_ticket(control, tenant), fleet.snapshot.candidates(MODEL), _First(), None)
 
 
 def _queued(control: FlowControl, fleet: Fleet, tenant: Tenant) -> asyncio.Future[Ticket | Refusal]:
@@ -240,7 +242,7 @@ async def test_a_policy_that_picks_none_is_asked_once_and_its_request_refused() 
             return None
 
     candidates = fleet.snapshot.candidates(MODEL)
-    refused = control.admit(_ask(control, BATCH), candidates, PicksNone(), None)
+    refused = control.admit(_ticket(control, BATCH), candidates, PicksNone(), None)
     assert isinstance(refused, Refusal) and refused.outcome == "no_engine"
     assert asked == [1] and control.busy("e0") == 0
     assert _counts(control).requests == {("batch", "admitted"): 0, ("batch", "no_engine"): 1}

@@ -2,9 +2,9 @@
 in the router, or is refused with what the client should do.
 
     control = FlowControl(fleet, settings.flow, store)
-    ask = Ask(control, tenant, priority, flow, completion, prompt)  # ticket.py
-    ask.model = model
-    decision = control.admit(ask, candidates, policy, features)  # Ticket | Refusal | Awaitable
+    ticket = Ticket(control, tenant, request, body)  # ticket.py
+    ticket.model = model
+    decision = control.admit(ticket, candidates, policy, features)  # Ticket | Refusal | Awaitable
     ...
     ticket.done(prompt_tokens, completion_tokens)  # the request's end, once
 
@@ -40,8 +40,8 @@ from headcount.config import FlowSettings
 from headcount.fleet import Engine, Fleet, FleetChange
 from headcount.flow.limits import Charge, LimitsStore, Verdict, ratelimit_headers
 from headcount.flow.queue import FairQueue, QueueEntry
-from headcount.flow.tally import Tallies
-from headcount.flow.ticket import Ask, Decision, Picker, Refusal, Ticket
+from headcount.flow.tally import Tallies, TenantTally
+from headcount.flow.ticket import Decision, Picker, Refusal, Ticket
 
 __all__ = ["FlowControl"]
 
@@ -52,18 +52,18 @@ _TICK = 0.25
 class _Waiting:
     """A request in the queue: what it asked, how it picks, where its answer goes."""
 
-    __slots__ = ("ask", "entry", "features", "future", "picker", "since", "timer", "verdict")
+    __slots__ = ("entry", "features", "future", "picker", "since", "ticket", "timer", "verdict")
 
     def __init__(
         self,
-        ask: Ask,
+        ticket: Ticket,
         picker: Picker,
         features: Any,
         verdict: Verdict | None,
         future: asyncio.Future[Ticket | Refusal],
         since: float,
     ) -> None:
-        self.ask = ask
+        self.ticket = ticket
         self.picker = picker
         self.features = features
         self.verdict = verdict
@@ -126,48 +126,48 @@ class FlowControl:
     # -- admission ----------------------------------------------------------------------------
 
     def admit(
-        self, ask: Ask, candidates: Sequence[Engine], picker: Picker, features: Any
+        self, ticket: Ticket, candidates: Sequence[Engine], picker: Picker, features: Any
     ) -> Decision:
-        """`ask`'s way in among `candidates` (not empty), `picker` choosing among those with
+        """`ticket`'s way in among `candidates` (not empty), `picker` choosing among those with
         room by `features`; see the module docstring for the order of the checks."""
-        tenant = ask.tenant
+        tenant = ticket.tenant
         name = tenant.name
         if tenant.max_concurrency and self._active.get(name, 0) >= tenant.max_concurrency:
             return self._refuse(
-                ask,
+                ticket,
                 "concurrency_limited",
                 f"tenant {name} has {tenant.max_concurrency} requests in flight, its "
                 "max_concurrency; retry when one ends",
                 1.0,
             )
-        room = self._room(ask.model, candidates)
+        room = self._room(ticket.model, candidates)
         if not room:
-            refusal = self._cannot_wait(ask)
+            refusal = self._cannot_wait(ticket)
             if refusal is not None:
                 return refusal
         if not (tenant.requests_per_minute or tenant.tokens_per_minute):
-            return self._place(ask, room, picker, features, None)
+            return self._place(ticket, room, picker, features, None)
         judged = self.store.take(
-            Charge(name, tenant.requests_per_minute, tenant.tokens_per_minute, ask.tokens)
+            Charge(name, tenant.requests_per_minute, tenant.tokens_per_minute, ticket.tokens)
         )
         if isinstance(judged, Verdict):
-            return self._judged(ask, room, picker, features, judged)
-        return self._judged_later(ask, picker, features, judged)
+            return self._judged(ticket, room, picker, features, judged)
+        return self._judged_later(ticket, picker, features, judged)
 
-    def _cannot_wait(self, ask: Ask) -> Refusal | None:
+    def _cannot_wait(self, ticket: Ticket) -> Refusal | None:
         """A refusal when the request, which must wait, may not: it is sheddable, or the
         queue is full."""
-        if ask.priority < 0:
+        if ticket.priority < 0:
             return self._refuse(
-                ask,
+                ticket,
                 "shed",
-                f"every engine serving `{ask.model}` is busy and this request's priority "
-                f"({ask.priority}) is sheddable; retry later",
+                f"every engine serving `{ticket.model}` is busy and this request's priority "
+                f"({ticket.priority}) is sheddable; retry later",
                 self._settings.queue_timeout / 10,
             )
         if self._queued >= self._settings.max_queued:
             return self._refuse(
-                ask,
+                ticket,
                 "queue_full",
                 f"{self._queued} requests wait for an engine already (--max-queued); retry later",
                 self._settings.queue_timeout / 10,
@@ -175,39 +175,39 @@ class FlowControl:
         return None
 
     async def _judged_later(
-        self, ask: Ask, picker: Picker, features: Any, judged: Awaitable[Verdict]
+        self, ticket: Ticket, picker: Picker, features: Any, judged: Awaitable[Verdict]
     ) -> Ticket | Refusal:
         verdict = await judged
-        candidates = self._fleet.snapshot.candidates(ask.model)
+        candidates = self._fleet.snapshot.candidates(ticket.model)
         if not candidates:
-            self._give_back(ask, verdict)
-            return self._refuse(ask, "no_engine", f"no engine serves `{ask.model}` now", 1.0)
-        room = self._room(ask.model, candidates)
-        decision = self._judged(ask, room, picker, features, verdict)
+            self._give_back(ticket, verdict)
+            return self._refuse(ticket, "no_engine", f"no engine serves `{ticket.model}` now", 1.0)
+        room = self._room(ticket.model, candidates)
+        decision = self._judged(ticket, room, picker, features, verdict)
         if isinstance(decision, (Ticket, Refusal)):
             return decision
         return await decision
 
     def _judged(
-        self, ask: Ask, room: list[Engine], picker: Picker, features: Any, verdict: Verdict
+        self, ticket: Ticket, room: list[Engine], picker: Picker, features: Any, verdict: Verdict
     ) -> Decision:
         if verdict.allowed:
-            return self._place(ask, room, picker, features, verdict)
-        name = ask.tenant.name
+            return self._place(ticket, room, picker, features, verdict)
+        name = ticket.tenant.name
         if verdict.reason == "tokens_over_limit":
             message = (
-                f"this request reserves {ask.tokens} tokens, more than tenant {name}'s "
-                f"tokens_per_minute ({ask.tenant.tokens_per_minute}); lower max_tokens"
+                f"this request reserves {ticket.tokens} tokens, more than tenant {name}'s "
+                f"tokens_per_minute ({ticket.tenant.tokens_per_minute}); lower max_tokens"
             )
         else:
             message = f"tenant {name} is over its {verdict.reason.replace('_', ' ')}"
         return self._refuse(
-            ask, "rate_limited", message, verdict.retry_after, ratelimit_headers(verdict)
+            ticket, "rate_limited", message, verdict.retry_after, ratelimit_headers(verdict)
         )
 
     def _place(
         self,
-        ask: Ask,
+        ticket: Ticket,
         room: list[Engine],
         picker: Picker,
         features: Any,
@@ -217,13 +217,13 @@ class FlowControl:
         if room:
             engine = picker.select(room, features)
             if engine is None:
-                return self._chose_none(ask, verdict)
-            return self._grant(ask, engine, verdict, 0.0)
-        refusal = self._cannot_wait(ask)
+                return self._chose_none(ticket, verdict)
+            return self._grant(ticket, engine, verdict, 0.0)
+        refusal = self._cannot_wait(ticket)
         if refusal is not None:
-            self._give_back(ask, verdict)
+            self._give_back(ticket, verdict)
             return refusal
-        return self._enqueue(ask, picker, features, verdict)
+        return self._enqueue(ticket, picker, features, verdict)
 
     def _room(self, model: str, candidates: Sequence[Engine]) -> list[Engine]:
         """The engines a request for `model` may go to now: none while others wait for one
@@ -241,54 +241,59 @@ class FlowControl:
                 room.append(engine)
         return room
 
-    def _grant(self, ask: Ask, engine: Engine, verdict: Verdict | None, waited: float) -> Ticket:
-        tenant = ask.tenant
+    def _grant(
+        self, ticket: Ticket, engine: Engine, verdict: Verdict | None, waited: float
+    ) -> Ticket:
+        tenant = ticket.tenant
         if tenant.max_concurrency:
             self._active_add(tenant.name, 1)
         busy, engine_id = self._busy, engine.spec.id
         busy[engine_id] = busy.get(engine_id, 0) + 1
-        tally = self.tallies.of(tenant.name)
+        ticket.tally = tally = self.tallies.of(tenant.name)
         if waited:
             tally.wait(waited)
         else:  # most requests: no wait at all
             tally.waits[0] += 1
-        return Ticket(self, ask, engine, tally, verdict)
+        ticket.engine = engine
+        if verdict is not None:
+            ticket.judged(verdict)
+        return ticket
 
     def _refuse(
-        self, ask: Ask, outcome: str, message: str, retry_after: float, headers: bytes = b""
+        self, ticket: Ticket, outcome: str, message: str, retry_after: float, headers: bytes = b""
     ) -> Refusal:
-        self.tallies.of(ask.tenant.name).refused(outcome)
+        self.tallies.of(ticket.tenant.name).refused(outcome)
         return Refusal(outcome, message, max(retry_after, 1.0) if retry_after > 0 else 0.0, headers)
 
-    def _chose_none(self, ask: Ask, verdict: Verdict | None) -> Refusal:
+    def _chose_none(self, ticket: Ticket, verdict: Verdict | None) -> Refusal:
         """The routing policy picked none of the engines with room: refused, reservation back."""
-        self._give_back(ask, verdict)
-        return self._refuse(ask, "no_engine", "the routing policy chose no engine", 1.0)
+        self._give_back(ticket, verdict)
+        return self._refuse(ticket, "no_engine", "the routing policy chose no engine", 1.0)
 
-    def _give_back(self, ask: Ask, verdict: Verdict | None) -> None:
+    def _give_back(self, ticket: Ticket, verdict: Verdict | None) -> None:
         """A charged request was refused after all: its reserved tokens go back."""
-        if verdict is not None and verdict.tokens is not None and ask.tokens:
-            self.store.settle(ask.tenant.name, verdict.window, -ask.tokens)
+        if verdict is not None and verdict.tokens is not None and ticket.tokens:
+            self.store.settle(ticket.tenant.name, verdict.window, -ticket.tokens)
 
     # -- the queue ----------------------------------------------------------------------------
 
     def _enqueue(
-        self, ask: Ask, picker: Picker, features: Any, verdict: Verdict | None
+        self, ticket: Ticket, picker: Picker, features: Any, verdict: Verdict | None
     ) -> Awaitable[Ticket | Refusal]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Ticket | Refusal] = loop.create_future()
-        waiting = _Waiting(ask, picker, features, verdict, future, loop.time())
-        queue = self._queues.get(ask.model)
+        waiting = _Waiting(ticket, picker, features, verdict, future, loop.time())
+        queue = self._queues.get(ticket.model)
         if queue is None:
-            queue = self._queues[ask.model] = FairQueue()
-        tenant = ask.tenant
+            queue = self._queues[ticket.model] = FairQueue()
+        tenant = ticket.tenant
         waiting.entry = queue.push(
             waiting,
-            priority=ask.priority,
+            priority=ticket.priority,
             tenant=tenant.name,
             weight=tenant.weight,
-            flow=ask.flow,
-            cost=ask.tokens,
+            flow=ticket.flow,
+            cost=ticket.tokens,
         )
         self._queued += 1
         if tenant.max_concurrency:
@@ -318,7 +323,7 @@ class FlowControl:
         entry = waiting.entry
         if entry is None:
             return False
-        self._queues[waiting.ask.model].remove(entry)
+        self._queues[waiting.ticket.model].remove(entry)
         self._taken(waiting)
         return True
 
@@ -326,7 +331,7 @@ class FlowControl:
         """`waiting` is out of its queue (removed or popped): counts and timer follow."""
         waiting.entry = None
         self._queued -= 1
-        tenant = waiting.ask.tenant
+        tenant = waiting.ticket.tenant
         if tenant.max_concurrency:
             self._active_add(tenant.name, -1)
         timer = waiting.timer
@@ -338,13 +343,13 @@ class FlowControl:
         waiting.timer = None
         if not self._unqueue(waiting):
             return
-        self._give_back(waiting.ask, waiting.verdict)
+        self._give_back(waiting.ticket, waiting.verdict)
         timeout = self._settings.queue_timeout
         waiting.future.set_result(
             self._refuse(
-                waiting.ask,
+                waiting.ticket,
                 "queue_timeout",
-                f"no engine serving `{waiting.ask.model}` had room within {timeout:g}s "
+                f"no engine serving `{waiting.ticket.model}` had room within {timeout:g}s "
                 "(--queue-timeout); retry later",
                 timeout / 10,
             )
@@ -356,8 +361,8 @@ class FlowControl:
             self._client_left(waiting)
 
     def _client_left(self, waiting: _Waiting) -> None:
-        self._give_back(waiting.ask, waiting.verdict)
-        self.tallies.of(waiting.ask.tenant.name).refused("client_left")
+        self._give_back(waiting.ticket, waiting.verdict)
+        self.tallies.of(waiting.ticket.tenant.name).refused("client_left")
 
     def _soon(self) -> None:
         if self._queued and self._dispatch_soon is None:
@@ -391,9 +396,9 @@ class FlowControl:
                     continue
                 engine = waiting.picker.select(room, waiting.features)
                 if engine is None:
-                    waiting.future.set_result(self._chose_none(waiting.ask, waiting.verdict))
+                    waiting.future.set_result(self._chose_none(waiting.ticket, waiting.verdict))
                     continue
-                granted = self._grant(waiting.ask, engine, waiting.verdict, now - waiting.since)
+                granted = self._grant(waiting.ticket, engine, waiting.verdict, now - waiting.since)
                 waiting.future.set_result(granted)
                 room = self._with_room(room)
 
@@ -420,7 +425,9 @@ class FlowControl:
         else:
             self._active.pop(tenant, None)
 
-    def ended(self, ticket: Ticket, prompt: int | None, completion: int | None) -> None:
+    def ended(
+        self, ticket: Ticket, tally: TenantTally, prompt: int | None, completion: int | None
+    ) -> None:
         tenant = ticket.tenant
         self._free(ticket.engine.spec.id)
         if tenant.max_concurrency:  # counted only where there is a limit to hold
@@ -428,8 +435,8 @@ class FlowControl:
         if prompt is None and completion is None:
             return
         prompt, completion = prompt or 0, completion or 0
-        tally = ticket.tally
         tally.prompt += prompt
         tally.completion += completion
-        if ticket.reserved > 0:
-            self.store.settle(tenant.name, ticket.window, prompt + completion - ticket.reserved)
+        verdict = ticket.verdict
+        if verdict is not None and verdict.tokens is not None:
+            self.store.settle(tenant.name, verdict.window, prompt + completion - ticket.tokens)

@@ -1,9 +1,12 @@
-"""What flow control hears of a request, its `Ask`, and what it answers: a ticket to an
-engine, a refusal, or an awaitable of one.
+"""One request under flow control, its `Ticket`, and what flow control answers it: the ticket
+granted an engine, a refusal, or an awaitable of one.
 
-A granted request holds its `Ticket` until its end: its engine's slot (moved
-on failover), its tenant's concurrency and its token reservation, all given
-back by one `done` with the usage the engine reported.
+A ticket is made when the request is admitted, with the least its common path needs
+(its tenant, and the body to forward when usage is asked for); what only the queue or a
+limit needs (its priority, its flow, the tokens it reserves) is read from the request
+when they ask. Granted, it holds its engine's slot (moved on failover), its tenant's
+concurrency and its token reservation until one `done` gives them back with the usage
+the engine reported.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from headcount.auth.tenants import Tenant
+from headcount._http.handler import Request
+from headcount.auth.tenants import Tenant, Tenants, effective_priority
 from headcount.fleet import Engine
 from headcount.flow.limits import Verdict, ratelimit_headers
 from headcount.flow.tally import TenantTally
@@ -19,13 +23,15 @@ from headcount.flow.tally import TenantTally
 __all__ = [
     "BYTES_PER_TOKEN",
     "DEFAULT_COMPLETION_RESERVE",
-    "Admitter",
-    "Ask",
+    "FAIRNESS_ID",
+    "FLOW_MAX",
+    "NO_COMPLETION_PATHS",
+    "OBJECTIVE",
     "Decision",
+    "Owner",
     "Picker",
     "Refusal",
     "Ticket",
-    "TicketOwner",
     "completion_reserve",
 ]
 
@@ -33,6 +39,12 @@ DEFAULT_COMPLETION_RESERVE = 256
 """Tokens reserved for an answer whose request names no `max_tokens`; settled on its usage."""
 BYTES_PER_TOKEN = 4
 """A prompt's bytes per token, where the router has not counted them."""
+OBJECTIVE = b"x-gateway-inference-objective"
+FAIRNESS_ID = b"x-gateway-inference-fairness-id"
+FLOW_MAX = 128
+"""Bytes of a fairness id kept: longer ones name the same flow as their first 128."""
+NO_COMPLETION_PATHS = frozenset({b"/v1/embeddings"})
+"""Paths whose answers generate nothing: their reserve is their prompt, usage is not asked."""
 
 
 class Picker(Protocol):
@@ -42,67 +54,114 @@ class Picker(Protocol):
     def select(self, engines: Sequence[Engine], features: Any, /) -> Engine | None: ...
 
 
-class Admitter(Protocol):
-    """Who an `Ask` is made of (`FlowControl`)."""
+class Owner(Protocol):
+    """Who a ticket asks and gives its hold back to (`FlowControl`)."""
 
     def admit(
-        self, ask: Ask, candidates: Sequence[Engine], picker: Picker, features: Any
+        self, ticket: Ticket, candidates: Sequence[Engine], picker: Picker, features: Any
     ) -> Decision: ...
 
+    def moved(self, old: str, new: str) -> None:
+        """A granted request moved from engine `old` to engine `new` (failover)."""
 
-class Ask:
-    """What flow control needs of one request. `model` is set by admission once known (the
-    body may be read by a worker), `prompt` once counted (by the router's tokenizer); the
-    reserve (`tokens`) is worked out only when something needs it (a limit, the queue),
-    which most requests never do."""
+    def ended(
+        self, ticket: Ticket, tally: TenantTally, prompt: int | None, completion: int | None
+    ) -> None:
+        """A granted request ended, having used what the engine reported (None: unknown)."""
+
+
+class Ticket:
+    """One request's way through flow control; see the module docstring."""
 
     __slots__ = (
+        "_tenants",
         "body",
-        "completion",
         "control",
-        "flow",
+        "engine",
         "forward",
+        "headers",
         "model",
-        "priority",
         "prompt",
-        "size",
+        "request",
+        "tally",
         "tenant",
+        "verdict",
     )
+
+    engine: Engine
+    """The engine the request is sent to (the last, after failovers); set by its grant."""
 
     def __init__(
         self,
-        control: Admitter,
+        control: Owner,
         tenant: Tenant,
-        priority: int,
-        flow: str,
+        request: Request,
         body: Mapping[str, Any] | None,
-        size: int,
-        completion: int | None = None,
         forward: bytes | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.control = control
         self.tenant = tenant
-        self.priority = priority
-        self.flow = flow
-        """`x-gateway-inference-fairness-id`, "" without one."""
+        self.request = request
         self.body = body
         """The request's JSON object (None: read by a worker, which answers only its model)."""
-        self.size = size
-        """The body's bytes."""
-        self.completion = completion
-        """Tokens reserved for the answer (None: as `body` asks, `completion_reserve`)."""
         self.forward = forward
-        """The body as forwarded when the router asks for usage (None: the client's)."""
+        """The body to forward when it is not the client's: the router asked for usage the
+        client did not ask for, so the answer's usage event is not the client's."""
+        self._tenants = tenants
+        """The tenants file the request came under, for its objective's priority."""
         self.model = ""
+        """Set by admission once known (a large body is read by a worker)."""
         self.prompt: int | None = None
-        """The prompt's tokens, when counted (else its bytes / 4 stand for them)."""
+        """The prompt's tokens, when the router counted them (else its bytes / 4 stand in)."""
+        self.tally: TenantTally | None = None
+        """Its tenant's counts while it holds a slot: None before its grant and after `done`."""
+        self.verdict: Verdict | None = None
+        """The limits store's judgement, for a tenant with limits."""
+        self.headers = b""
+        """`x-ratelimit-*` lines the answer carries."""
+
+    @property
+    def priority(self) -> int:
+        """Its tenant's, lowered by an `x-gateway-inference-objective` the file names."""
+        objective = dict(self.request.headers).get(OBJECTIVE)
+        return effective_priority(self.tenant, objective, self._tenants)
+
+    @property
+    def flow(self) -> str:
+        """`x-gateway-inference-fairness-id` (its first `FLOW_MAX` bytes), "" without one."""
+        named = dict(self.request.headers).get(FAIRNESS_ID)
+        return "" if named is None else named[:FLOW_MAX].decode("latin-1")
 
     @property
     def tokens(self) -> int:
         """Reserved: the prompt's tokens plus the most the answer may use."""
-        prompt = self.size // BYTES_PER_TOKEN if self.prompt is None else self.prompt
-        completion = self.completion
-        return prompt + (completion_reserve(self.body) if completion is None else completion)
+        request = self.request
+        prompt = len(request.body) // BYTES_PER_TOKEN if self.prompt is None else self.prompt
+        if request.path in NO_COMPLETION_PATHS:
+            return prompt
+        return prompt + completion_reserve(self.body)
+
+    def judged(self, verdict: Verdict) -> None:
+        """The limits store counted the request: the answer says what is left."""
+        self.verdict = verdict
+        self.headers = ratelimit_headers(verdict)
+
+    def moved(self, engine: Engine) -> None:
+        """The request failed over to `engine`: its slot moves there."""
+        if self.tally is not None and engine.id != self.engine.id:
+            self.control.moved(self.engine.id, engine.id)
+            self.engine = engine
+
+    def done(self, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> None:
+        """The request ended: its slot and concurrency go back, its tokens are counted and
+        its reservation settled on what the engine reported (kept whole when it said
+        nothing). Before its grant or called again, nothing happens."""
+        tally = self.tally
+        if tally is None:
+            return
+        self.tally = None
+        self.control.ended(self, tally, prompt_tokens, completion_tokens)
 
 
 def completion_reserve(body: Mapping[str, Any] | None) -> int:
@@ -113,16 +172,6 @@ def completion_reserve(body: Mapping[str, Any] | None) -> int:
         if type(value) is int and value >= 0:  # not a bool
             return value
     return DEFAULT_COMPLETION_RESERVE
-
-
-class TicketOwner(Protocol):
-    """Who a ticket gives its hold back to (`FlowControl`)."""
-
-    def moved(self, old: str, new: str) -> None:
-        """A granted request moved from engine `old` to engine `new` (failover)."""
-
-    def ended(self, ticket: Ticket, prompt: int | None, completion: int | None) -> None:
-        """A granted request ended, having used what the engine reported (None: unknown)."""
 
 
 class Refusal(NamedTuple):
@@ -138,63 +187,5 @@ class Refusal(NamedTuple):
     """`x-ratelimit-*` lines for a tenant with limits (b"" otherwise)."""
 
 
-class Ticket:
-    """A granted request's engine and its hold on flow control, given back once by `done`."""
-
-    __slots__ = (
-        "_owner",
-        "engine",
-        "forward",
-        "headers",
-        "reserved",
-        "tally",
-        "tenant",
-        "window",
-    )
-
-    def __init__(
-        self,
-        owner: TicketOwner,
-        ask: Ask,
-        engine: Engine,
-        tally: TenantTally,
-        verdict: Verdict | None,
-    ) -> None:
-        self._owner: TicketOwner | None = owner
-        self.tenant = ask.tenant
-        self.tally = tally
-        """Its tenant's counts, which its tokens join at its end."""
-        self.engine = engine
-        """The engine the request is sent to (the last, after failovers)."""
-        self.forward = ask.forward
-        """The body to forward when it is not the client's: the router asked for usage the
-        client did not ask for, so the answer's usage event is not the client's."""
-        if verdict is None:
-            self.headers, self.reserved, self.window = b"", 0, 0
-        else:
-            self.headers = ratelimit_headers(verdict)
-            """`x-ratelimit-*` lines the answer carries."""
-            self.reserved = 0 if verdict.tokens is None else ask.tokens
-            """Tokens the store counted for this request, settled at its end (0: none)."""
-            self.window = verdict.window
-
-    def moved(self, engine: Engine) -> None:
-        """The request failed over to `engine`: its slot moves there."""
-        owner = self._owner
-        if owner is not None and engine.id != self.engine.id:
-            owner.moved(self.engine.id, engine.id)
-            self.engine = engine
-
-    def done(self, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> None:
-        """The request ended: its slot and concurrency go back, its tokens are counted and
-        its reservation settled on what the engine reported (kept whole when it said
-        nothing). Called again, nothing happens."""
-        owner = self._owner
-        if owner is None:
-            return
-        self._owner = None
-        owner.ended(self, prompt_tokens, completion_tokens)
-
-
 Decision = Ticket | Refusal | Awaitable[Ticket | Refusal]
-"""What `admit` answers: a ticket, a refusal, or the wait for one."""
+"""What `admit` answers: the ticket granted an engine, a refusal, or the wait for one."""

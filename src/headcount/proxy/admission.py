@@ -35,9 +35,9 @@ from headcount.auth import Credentials
 from headcount.config import ProxySettings
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.flow.control import FlowControl
-from headcount.flow.ticket import Ask, Decision, Refusal, Ticket
+from headcount.flow.ticket import Decision, Refusal, Ticket
 from headcount.proxy import payload
-from headcount.proxy.demand import ask_of, refusal_answer
+from headcount.proxy.demand import refusal_answer, ticket_of
 from headcount.proxy.errors import (
     BODY_TOO_COMPLEX,
     BODY_UNREADABLE_NOW,
@@ -135,8 +135,8 @@ class Admission:
             return _REFUSALS[body]
         source = policy.key_source
         key = None if source is None else source(body, lambda name: find_header(headers, name))
-        ask = ask_of(flow, self._credentials, request, body)
-        return _route((body["model"], key), self._fleet.snapshot, policy, ask=ask)
+        ticket = ticket_of(flow, self._credentials, request, body)
+        return _route((body["model"], key), self._fleet.snapshot, policy, ticket=ticket)
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -147,8 +147,8 @@ class Admission:
         read = await self._parser.read(
             request.body, policy.key_source, request.headers, request.client
         )
-        ask = None if flow is None else ask_of(flow, self._credentials, request, None)
-        return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, ask=ask))
+        ticket = None if flow is None else ticket_of(flow, self._credentials, request, None)
+        return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, ticket=ticket))
 
 
 _REFUSALS = {
@@ -173,18 +173,18 @@ def _route(
     kv: KvAware | None = None,
     prompt: Sequence[int] | None = None,
     *,
-    ask: Ask | None = None,
+    ticket: Ticket | None = None,
 ) -> Admitted | Refused | Later:
     """The policy's decision for a body already read (`read` is `payload`'s outcome); for
     the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O; a wait only
-    for flow control (`ask`)."""
+    for flow control (`ticket`)."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
         return Refused(*unroutable(snapshot, model))
-    return _select(model, key, candidates, policy, kv, prompt, ask)
+    return _select(model, key, candidates, policy, kv, prompt, ticket)
 
 
 def _select(
@@ -194,31 +194,20 @@ def _select(
     policy: Policy,
     kv: KvAware | None,
     prompt: Sequence[int] | None,
-    ask: Ask | None = None,
+    ticket: Ticket | None = None,
 ) -> Admitted | Refused | Later:
     """The policy's choice among `candidates` (not empty) for `model`; with flow control
-    (`ask`), among those with room, or later, or refused."""
+    (`ticket`), among those with room, or later, or refused."""
     features = RequestFeatures(model, key, None if kv is None else kv.request(model, prompt))
-    if ask is not None:
-        return _flow_select(ask, features, candidates, policy, prompt)
-    engine = policy.select(candidates, features)
-    if engine is None:
-        return Refused(no_engine(f"the routing policy chose no engine for `{model}`"), model)
-    return Admitted(engine, features)
-
-
-def _flow_select(
-    ask: Ask,
-    features: RequestFeatures,
-    candidates: Sequence[Engine],
-    policy: Policy,
-    prompt: Sequence[int] | None,
-) -> Admitted | Refused | Later:
-    """Flow control's decision, the policy choosing among the engines with room."""
-    ask.model = features.model
+    if ticket is None:
+        engine = policy.select(candidates, features)
+        if engine is None:
+            return Refused(no_engine(f"the routing policy chose no engine for `{model}`"), model)
+        return Admitted(engine, features)
+    ticket.model = model
     if prompt is not None:
-        ask.prompt = len(prompt)
-    decided: Decision = ask.control.admit(ask, candidates, policy, features)
+        ticket.prompt = len(prompt)
+    decided: Decision = ticket.control.admit(ticket, candidates, policy, features)
     if isinstance(decided, Ticket):
         return Admitted(decided.engine, features, decided, decided.forward)
     if isinstance(decided, Refusal):
@@ -285,17 +274,17 @@ class _Prompts:
         candidates = snapshot.candidates(model)
         if not candidates:
             return Refused(*unroutable(snapshot, model))
-        ask = None if flow is None else ask_of(flow, credentials, request, body)
+        ticket = None if flow is None else ticket_of(flow, credentials, request, body)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
-            return _select(model, None, candidates, kv, kv, None, ask)
+            return _select(model, None, candidates, kv, kv, None, ticket)
         tokenizer = self._tokenizer
         if tokenizer is None:
-            return Later(self._asked(body, kind, candidates, request, fleet, ask))
+            return Later(self._asked(body, kind, candidates, request, fleet, ticket))
         ids = None
         if len(request.body) <= self._inline_max:
             ids = local_ids(body, kind, tokenizer)
-        return _select(model, None, candidates, kv, kv, ids, ask)
+        return _select(model, None, candidates, kv, kv, ids, ticket)
 
     async def _asked(
         self,
@@ -304,7 +293,7 @@ class _Prompts:
         candidates: Sequence[Engine],
         request: Request,
         fleet: Fleet,
-        ask: Ask | None,
+        ticket: Ticket | None,
     ) -> Admitted | Refused:
         """Route after asking one of `candidates` for the prompt's ids (the fleet may have
         changed meanwhile: routed within its snapshot then)."""
@@ -316,4 +305,4 @@ class _Prompts:
             authorization=find_header(request.headers, b"authorization"),
         )
         read = (body["model"], None)
-        return await _decided(_route(read, fleet.snapshot, self._kv, self._kv, ids, ask=ask))
+        return await _decided(_route(read, fleet.snapshot, self._kv, self._kv, ids, ticket=ticket))
