@@ -291,7 +291,7 @@ def _flow_control(
         if flow.limits_store is None
         else RedisStore(flow.limits_store, flow.limits_store_timeout)
     )
-    control = FlowControl(fleet, flow, store)
+    control = FlowControl(fleet, flow, store, lambda: credentials.tenants)
     metrics.scrape_also(
         lambda snapshot: FlowCollector(
             control.tallies.counts((credentials.tenants or Tenants()).names),

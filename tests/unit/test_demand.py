@@ -34,7 +34,8 @@ def _weigh(
 ) -> Ticket:
     credentials = Credentials(tenants=True)
     credentials.use_tenants(parse_tenants(TENANTS))
-    control = FlowControl(ready_fleet(spec("a")), FlowSettings(), MemoryStore())
+    fleet = ready_fleet(spec("a"))
+    control = FlowControl(fleet, FlowSettings(), MemoryStore(), lambda: credentials.tenants)
     raw = json.dumps(body).encode()
     request = Request(
         b"POST",
@@ -46,7 +47,7 @@ def _weigh(
     )
     parsed = parse_request(raw)
     assert isinstance(parsed, dict)
-    return ticket_of(control, credentials, request, parsed)
+    return ticket_of(control, credentials, request, parsed, "m")
 
 
 def test_open_mode_requests_are_the_default_tenants_and_an_objective_only_lowers() -> None:

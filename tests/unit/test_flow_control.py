@@ -63,9 +63,7 @@ def _control(fleet: Fleet, **settings: float) -> FlowControl:
 
 def _ticket(control: FlowControl, tenant: Tenant) -> Ticket:
     request = Request(b"POST", b"/v1/completions", [], b"", True, True)
-    ticket = Ticket(control, tenant, request, {"max_tokens": 100})
-    ticket.model = MODEL
-    return ticket
+    return Ticket(control, tenant, request, MODEL, {"max_tokens": 100})
 
 
 def _admit(control: FlowControl, fleet: Fleet, tenant: Tenant) -> Decision:
@@ -79,6 +77,10 @@ def _queued(control: FlowControl, fleet: Fleet, tenant: Tenant) -> asyncio.Futur
     return asyncio.ensure_future(decided)
 
 
+def _granted(fleet: Fleet, engine_id: str) -> int:
+    return fleet.snapshot.by_id[engine_id].load.granted
+
+
 def _counts(control: FlowControl) -> TenantCounts:
     return control.tallies.counts(frozenset({"chat", "batch", "shed", "capped", "late"}))
 
@@ -88,7 +90,7 @@ async def test_engines_without_a_learned_capacity_always_have_room() -> None:
     control = _control(fleet)
     grants = [_admit(control, fleet, BATCH) for _ in range(50)]
     assert all(isinstance(grant, Ticket) for grant in grants)
-    assert control.busy("e0") == 50
+    assert _granted(fleet, "e0") == 50
     counts = _counts(control)
     assert counts.requests == {("batch", "admitted"): 50}
     assert counts.waits["batch"][0][0] == 50 and counts.waits["batch"][1] == 0.0
@@ -160,7 +162,7 @@ async def test_a_client_that_leaves_the_queue_frees_its_place_and_its_concurrenc
     await wait_until(lambda: control.queued == 0, timeout=5, interval=0.001)
     assert _counts(control).requests[("capped", "client_left")] == 1
     first.done()
-    assert control.busy("e0") == 0
+    assert _granted(fleet, "e0") == 0
     assert isinstance(_admit(control, fleet, capped), Ticket)
 
 
@@ -173,11 +175,11 @@ async def test_a_grant_the_client_could_not_use_is_given_back() -> None:
     await asyncio.sleep(0)
     first.done()
     await asyncio.sleep(0)  # the dispatch grants it; the waiting task has not run since
-    assert control.busy("e0") == 1
+    assert _granted(fleet, "e0") == 1
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert control.busy("e0") == 0 and control.queued == 0
+    assert _granted(fleet, "e0") == 0 and control.queued == 0
 
 
 async def test_a_client_that_left_just_before_its_turn_is_skipped() -> None:
@@ -225,10 +227,10 @@ async def test_failover_moves_the_slot_to_the_new_engine() -> None:
     grant = _admit(control, fleet, BATCH)
     assert isinstance(grant, Ticket) and grant.engine.id == "e0"
     grant.moved(fleet.snapshot.engines[1])
-    assert (control.busy("e0"), control.busy("e1")) == (0, 1)
+    assert (_granted(fleet, "e0"), _granted(fleet, "e1")) == (0, 1)
     grant.done()
     grant.done()
-    assert control.busy("e1") == 0
+    assert _granted(fleet, "e1") == 0
 
 
 async def test_a_policy_that_picks_none_is_asked_once_and_its_request_refused() -> None:
@@ -244,5 +246,5 @@ async def test_a_policy_that_picks_none_is_asked_once_and_its_request_refused() 
     candidates = fleet.snapshot.candidates(MODEL)
     refused = control.admit(_ticket(control, BATCH), candidates, PicksNone(), None)
     assert isinstance(refused, Refusal) and refused.outcome == "no_engine"
-    assert asked == [1] and control.busy("e0") == 0
+    assert asked == [1] and _granted(fleet, "e0") == 0
     assert _counts(control).requests == {("batch", "admitted"): 0, ("batch", "no_engine"): 1}

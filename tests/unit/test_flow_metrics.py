@@ -21,13 +21,13 @@ def _samples(collector: FlowCollector) -> dict[tuple[str, tuple[tuple[str, str],
 
 def test_a_tenant_the_file_no_longer_names_counts_as_other_and_no_counter_goes_down() -> None:
     tallies = Tallies()
-    chat, gone = tallies.of("chat"), tallies.of("gone")
+    chat, gone = tallies["chat"], tallies["gone"]
     chat.waits[0] += 1
     chat.prompt, chat.completion = 7, 3
     gone.wait(0.5)
     gone.waits[0] += 1
     gone.wait(99.0)
-    tallies.of("new").refused("shed")
+    tallies["new"].refused("shed")
     fleet = ready_fleet(spec("a"))
     health = StoreHealth("memory", True, None, 0)
     names = frozenset({"default", "chat", "new"})  # a reload removed `gone`
@@ -49,7 +49,7 @@ def test_a_tenant_the_file_no_longer_names_counts_as_other_and_no_counter_goes_d
     assert sample("headcount_queue_seconds_bucket", tenant="other", le="0.25") == 1
     assert sample("headcount_queue_seconds_bucket", tenant="other", le="60.0") == 2
     assert sample("headcount_queue_seconds_bucket", tenant="other", le="+Inf") == 3
-    tallies.of("gone").waits[0] += 1  # a request of the removed tenant, still in flight
+    tallies["gone"].waits[0] += 1  # a request of the removed tenant, still in flight
     later = tallies.counts(names)
     assert later.requests[("other", "admitted")] == 4 and ("gone", "admitted") not in later.requests
 

@@ -71,6 +71,9 @@ class EngineLoad:
     """
 
     in_flight: int = 0
+    granted: int = 0
+    """Requests flow control granted here and not ended (with a tenants file): the engine
+    has room while they are fewer than its learned `concurrency`."""
     awaiting: int = 0
     """Of `in_flight`, the attempts with no response byte yet: queued or prefilling there."""
     requests: int = 0

@@ -2,8 +2,7 @@
 in the router, or is refused with what the client should do.
 
     control = FlowControl(fleet, settings.flow, store)
-    ticket = Ticket(control, tenant, request, body)  # ticket.py
-    ticket.model = model
+    ticket = Ticket(control, tenant, request, model, body)  # ticket.py
     decision = control.admit(ticket, candidates, policy, features)  # Ticket | Refusal | Awaitable
     ...
     ticket.done(prompt_tokens, completion_tokens)  # the request's end, once
@@ -18,8 +17,9 @@ of its model waits; else it waits in the `FairQueue` of its model, until an
 engine has room (dispatched by priority, fair share and arrival) or
 `queue_timeout` passes (503).
 
-An engine has room while the requests this router has granted there are fewer
-than its learned capacity (`fleet/capacity.py`): the router's own count, never
+An engine has room while the requests this router has granted there
+(`EngineLoad.granted`) are fewer than its learned capacity
+(`fleet/capacity.py`): the router's own count, never
 older than the last request's end, so a burst between two scrapes cannot
 overfill it. Every granted request holds a `Ticket` until its end: its
 tenant's concurrency, its engine's slot (moved on failover) and its token
@@ -33,9 +33,10 @@ is counted in `tallies` (`tally.py`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from headcount.auth.tenants import Tenants
 from headcount.config import FlowSettings
 from headcount.fleet import Engine, Fleet, FleetChange
 from headcount.flow.limits import Charge, LimitsStore, Verdict, ratelimit_headers
@@ -81,16 +82,17 @@ class FlowControl:
         fleet: Fleet,
         settings: FlowSettings,
         store: LimitsStore,
+        tenants: Callable[[], Tenants | None] = lambda: None,
     ) -> None:
+        """`tenants`: the tenants file in force, for the objectives requests name."""
         self._fleet = fleet
+        self.tenants = tenants
         self._settings = settings
         self.store = store
         self.tallies = Tallies()
         """What each tenant was granted, refused and used (read at each scrape)."""
         self._queues: dict[str, FairQueue[_Waiting]] = {}
         self._queued = 0
-        self._busy: dict[str, int] = {}
-        """Per engine id, the requests granted there and not ended."""
         self._active: dict[str, int] = {}
         """Per tenant, its requests queued or granted and not ended."""
         self._dispatch_soon: asyncio.Handle | None = None
@@ -119,10 +121,6 @@ class FlowControl:
                 depths[priority] = depths.get(priority, 0) + depth
         return depths
 
-    def busy(self, engine_id: str) -> int:
-        """Requests granted on `engine_id` and not ended."""
-        return self._busy.get(engine_id, 0)
-
     # -- admission ----------------------------------------------------------------------------
 
     def admit(
@@ -140,7 +138,8 @@ class FlowControl:
                 "max_concurrency; retry when one ends",
                 1.0,
             )
-        room = self._room(ticket.model, candidates)
+        queued = self._queued and self._waits(ticket.model)
+        room = [] if queued else self._with_room(candidates)
         if not room:
             refusal = self._cannot_wait(ticket)
             if refusal is not None:
@@ -182,7 +181,8 @@ class FlowControl:
         if not candidates:
             self._give_back(ticket, verdict)
             return self._refuse(ticket, "no_engine", f"no engine serves `{ticket.model}` now", 1.0)
-        room = self._room(ticket.model, candidates)
+        queued = self._queued and self._waits(ticket.model)
+        room = [] if queued else self._with_room(candidates)
         decision = self._judged(ticket, room, picker, features, verdict)
         if isinstance(decision, (Ticket, Refusal)):
             return decision
@@ -225,19 +225,17 @@ class FlowControl:
             return refusal
         return self._enqueue(ticket, picker, features, verdict)
 
-    def _room(self, model: str, candidates: Sequence[Engine]) -> list[Engine]:
-        """The engines a request for `model` may go to now: none while others wait for one
-        (they go first), else the `candidates` with room."""
-        if self._queued and len(self._queues.get(model) or ()):
-            return []
-        return self._with_room(candidates)
+    def _waits(self, model: str) -> bool:
+        """Whether requests for `model` wait: then a new one waits too (they go first)."""
+        return len(self._queues.get(model) or ()) > 0
 
     def _with_room(self, candidates: Sequence[Engine]) -> list[Engine]:
         """The `candidates` whose capacity is unknown or above what is granted there."""
-        busy, room = self._busy, []
+        room = []
         for engine in candidates:  # a loop, not a comprehension: one call less per request
-            capacity = engine.load.concurrency.value
-            if capacity is None or busy.get(engine.spec.id, 0) < capacity:
+            load = engine.load
+            capacity = load.concurrency.value
+            if capacity is None or load.granted < capacity:
                 room.append(engine)
         return room
 
@@ -247,9 +245,8 @@ class FlowControl:
         tenant = ticket.tenant
         if tenant.max_concurrency:
             self._active_add(tenant.name, 1)
-        busy, engine_id = self._busy, engine.spec.id
-        busy[engine_id] = busy.get(engine_id, 0) + 1
-        ticket.tally = tally = self.tallies.of(tenant.name)
+        engine.load.granted += 1
+        ticket.tally = tally = self.tallies[tenant.name]
         if waited:
             tally.wait(waited)
         else:  # most requests: no wait at all
@@ -262,7 +259,7 @@ class FlowControl:
     def _refuse(
         self, ticket: Ticket, outcome: str, message: str, retry_after: float, headers: bytes = b""
     ) -> Refusal:
-        self.tallies.of(ticket.tenant.name).refused(outcome)
+        self.tallies[ticket.tenant.name].refused(outcome)
         return Refusal(outcome, message, max(retry_after, 1.0) if retry_after > 0 else 0.0, headers)
 
     def _chose_none(self, ticket: Ticket, verdict: Verdict | None) -> Refusal:
@@ -362,7 +359,7 @@ class FlowControl:
 
     def _client_left(self, waiting: _Waiting) -> None:
         self._give_back(waiting.ticket, waiting.verdict)
-        self.tallies.of(waiting.ticket.tenant.name).refused("client_left")
+        self.tallies[waiting.ticket.tenant.name].refused("client_left")
 
     def _soon(self) -> None:
         if self._queued and self._dispatch_soon is None:
@@ -404,17 +401,13 @@ class FlowControl:
 
     # -- tickets ------------------------------------------------------------------------------
 
-    def moved(self, old: str, new: str) -> None:
-        busy = self._busy
-        busy[new] = busy.get(new, 0) + 1
+    def moved(self, old: Engine, new: Engine) -> None:
+        new.load.granted += 1
         self._free(old)
 
-    def _free(self, engine_id: str) -> None:
-        """A slot on `engine_id` is given back: the queue may go on."""
-        busy = self._busy
-        left = busy.pop(engine_id) - 1
-        if left:
-            busy[engine_id] = left
+    def _free(self, engine: Engine) -> None:
+        """A slot on `engine` is given back: the queue may go on."""
+        engine.load.granted -= 1
         if self._queued:
             self._soon()
 
@@ -429,7 +422,7 @@ class FlowControl:
         self, ticket: Ticket, tally: TenantTally, prompt: int | None, completion: int | None
     ) -> None:
         tenant = ticket.tenant
-        self._free(ticket.engine.spec.id)
+        self._free(ticket.engine)
         if tenant.max_concurrency:  # counted only where there is a limit to hold
             self._active_add(tenant.name, -1)
         if prompt is None and completion is None:

@@ -73,23 +73,21 @@ class TenantCounts(NamedTuple):
     """Per tenant, its queue-time buckets and their sum."""
 
 
-class Tallies:
-    """Every tenant's `TenantTally`, by name."""
+class Tallies(dict[str, TenantTally]):
+    """Every tenant's `TenantTally`, by name; a name not seen yet gets an empty one."""
 
     def __init__(self) -> None:
-        self._by_name: dict[str, TenantTally] = {}
+        super().__init__()
         self._other = TenantTally()
 
-    def of(self, name: str) -> TenantTally:
-        tally = self._by_name.get(name)
-        if tally is None:
-            tally = self._by_name[name] = TenantTally()
+    def __missing__(self, name: str) -> TenantTally:
+        tally = self[name] = TenantTally()
         return tally
 
     def counts(self, names: frozenset[str]) -> TenantCounts:
         """A copy labelled by name, tenants not in `names` folded into `other` first."""
         labelled = []
-        for name, tally in self._by_name.items():
+        for name, tally in self.items():
             if name in names:
                 labelled.append((name, tally))
             else:  # kept, emptied: a ticket in flight may still add to it

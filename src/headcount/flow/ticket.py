@@ -11,7 +11,7 @@ the engine reported.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from headcount._http.handler import Request
@@ -61,7 +61,11 @@ class Owner(Protocol):
         self, ticket: Ticket, candidates: Sequence[Engine], picker: Picker, features: Any
     ) -> Decision: ...
 
-    def moved(self, old: str, new: str) -> None:
+    @property
+    def tenants(self) -> Callable[[], Tenants | None]:
+        """The tenants file in force (for its objectives)."""
+
+    def moved(self, old: Engine, new: Engine) -> None:
         """A granted request moved from engine `old` to engine `new` (failover)."""
 
     def ended(
@@ -74,7 +78,6 @@ class Ticket:
     """One request's way through flow control; see the module docstring."""
 
     __slots__ = (
-        "_tenants",
         "body",
         "control",
         "engine",
@@ -96,9 +99,9 @@ class Ticket:
         control: Owner,
         tenant: Tenant,
         request: Request,
+        model: str,
         body: Mapping[str, Any] | None,
         forward: bytes | None = None,
-        tenants: Tenants | None = None,
     ) -> None:
         self.control = control
         self.tenant = tenant
@@ -108,10 +111,7 @@ class Ticket:
         self.forward = forward
         """The body to forward when it is not the client's: the router asked for usage the
         client did not ask for, so the answer's usage event is not the client's."""
-        self._tenants = tenants
-        """The tenants file the request came under, for its objective's priority."""
-        self.model = ""
-        """Set by admission once known (a large body is read by a worker)."""
+        self.model = model
         self.prompt: int | None = None
         """The prompt's tokens, when the router counted them (else its bytes / 4 stand in)."""
         self.tally: TenantTally | None = None
@@ -125,7 +125,7 @@ class Ticket:
     def priority(self) -> int:
         """Its tenant's, lowered by an `x-gateway-inference-objective` the file names."""
         objective = dict(self.request.headers).get(OBJECTIVE)
-        return effective_priority(self.tenant, objective, self._tenants)
+        return effective_priority(self.tenant, objective, self.control.tenants())
 
     @property
     def flow(self) -> str:
@@ -150,7 +150,7 @@ class Ticket:
     def moved(self, engine: Engine) -> None:
         """The request failed over to `engine`: its slot moves there."""
         if self.tally is not None and engine.id != self.engine.id:
-            self.control.moved(self.engine.id, engine.id)
+            self.control.moved(self.engine, engine)
             self.engine = engine
 
     def done(self, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> None:

@@ -124,19 +124,17 @@ class Admission:
         prompts, flow = self._prompts, self._flow
         if prompts is not None:
             return prompts.admit(request, self._fleet, flow, self._credentials)
-        policy, headers = self._policy, request.headers
-        if flow is None:
-            read = payload.read_payload(
-                request.body, policy.key_source, lambda name: find_header(headers, name)
-            )
-            return _route(read, self._fleet.snapshot, policy)
         body = payload.parse_request(request.body)
         if isinstance(body, str):
             return _REFUSALS[body]
-        source = policy.key_source
-        key = None if source is None else source(body, lambda name: find_header(headers, name))
-        ticket = ticket_of(flow, self._credentials, request, body)
-        return _route((body["model"], key), self._fleet.snapshot, policy, ticket=ticket)
+        model: str = body["model"]
+        policy, source = self._policy, self._policy.key_source
+        key = None
+        if source is not None:
+            headers = request.headers
+            key = source(body, lambda name: find_header(headers, name))
+        ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
+        return _route((model, key), self._fleet.snapshot, policy, ticket=ticket)
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -147,7 +145,9 @@ class Admission:
         read = await self._parser.read(
             request.body, policy.key_source, request.headers, request.client
         )
-        ticket = None if flow is None else ticket_of(flow, self._credentials, request, None)
+        ticket = None
+        if flow is not None and not isinstance(read, str):
+            ticket = ticket_of(flow, self._credentials, request, None, read[0])
         return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, ticket=ticket))
 
 
@@ -204,7 +204,6 @@ def _select(
         if engine is None:
             return Refused(no_engine(f"the routing policy chose no engine for `{model}`"), model)
         return Admitted(engine, features)
-    ticket.model = model
     if prompt is not None:
         ticket.prompt = len(prompt)
     decided: Decision = ticket.control.admit(ticket, candidates, policy, features)
@@ -274,7 +273,7 @@ class _Prompts:
         candidates = snapshot.candidates(model)
         if not candidates:
             return Refused(*unroutable(snapshot, model))
-        ticket = None if flow is None else ticket_of(flow, credentials, request, body)
+        ticket = None if flow is None else ticket_of(flow, credentials, request, body, model)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
             return _select(model, None, candidates, kv, kv, None, ticket)

@@ -35,17 +35,18 @@ def ticket_of(
     credentials: Credentials,
     request: Request,
     body: dict[str, Any] | None,
+    model: str,
 ) -> Ticket:
-    """`request`'s ticket, its model not yet set; `body` its parsed JSON when read on the
-    loop (None: read by a worker, whose answer is only its model: the default reserve,
-    usage not asked)."""
+    """`request`'s ticket for `model`; `body` its parsed JSON when read on the loop (None:
+    read by a worker, whose answer is only its model: the default reserve, usage not
+    asked)."""
     tenant = request.identity
     if not isinstance(tenant, Tenant):  # open mode: the screen found no key to note
         tenant = credentials.tenant_of(request.headers)
     forward = None
     if body is not None and body.get("stream") is True and request.path not in NO_COMPLETION_PATHS:
         forward = ask_usage(body, request.body)
-    return Ticket(control, tenant, request, body, forward, credentials.tenants)
+    return Ticket(control, tenant, request, model, body, forward)
 
 
 _STATUS = {"queue_timeout": 503, "no_engine": 503}
