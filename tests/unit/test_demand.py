@@ -63,10 +63,10 @@ def test_open_mode_requests_are_the_default_tenants_and_an_objective_only_lowers
 
 def test_the_reservation_counts_the_prompt_and_the_most_the_answer_may_take() -> None:
     body = {"model": "m", "prompt": "x" * 400, "max_tokens": 30, "max_completion_tokens": 20}
-    ask = _weigh(body, b"/v1/completions")
-    assert ask.tokens == _bytes_over_4(body) + 20
-    ask.prompt = 7  # counted by the router's tokenizer
-    assert ask.tokens == 27
+    assert _weigh(body, b"/v1/completions").tokens == _bytes_over_4(body) + 20
+    counted = _weigh(body, b"/v1/completions")
+    counted.prompt = 7  # counted by the router's tokenizer, before anything asks
+    assert counted.tokens == 27 and counted.body is None, "worked out once, the body let go"
     for unbounded in ({"model": "m"}, {"model": "m", "max_tokens": True}):
         assert _weigh(unbounded).tokens == _bytes_over_4(unbounded) + DEFAULT_COMPLETION_RESERVE
     negative = {"model": "m", "max_completion_tokens": -1, "max_tokens": 9}

@@ -90,6 +90,9 @@ async def test_engines_without_a_learned_capacity_always_have_room() -> None:
     control = _control(fleet)
     grants = [_admit(control, fleet, BATCH) for _ in range(50)]
     assert all(isinstance(grant, Ticket) for grant in grants)
+    assert all(grant.body is None for grant in grants if isinstance(grant, Ticket)), (
+        "a granted ticket holds no parsed body for the rest of its request"
+    )
     assert _granted(fleet, "e0") == 50
     counts = _counts(control)
     assert counts.requests == {("batch", "admitted"): 50}

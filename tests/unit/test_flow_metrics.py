@@ -54,6 +54,23 @@ def test_a_tenant_the_file_no_longer_names_counts_as_other_and_no_counter_goes_d
     assert later.requests[("other", "admitted")] == 4 and ("gone", "admitted") not in later.requests
 
 
+def test_a_tenant_a_reload_names_again_goes_on_from_where_it_was() -> None:
+    tallies = Tallies()
+    for _ in range(5):
+        tallies["x"].waits[0] += 1
+    with_x, without_x = frozenset({"default", "x"}), frozenset({"default"})
+    assert tallies.counts(with_x).requests[("x", "admitted")] == 5
+    tallies["x"].waits[0] += 2  # while a reload has removed it
+    assert tallies.counts(without_x).requests[("other", "admitted")] == 2
+    tallies["x"].waits[0] += 1
+    assert tallies.counts(without_x).requests[("other", "admitted")] == 3
+    tallies["x"].waits[0] += 3  # named again
+    again = tallies.counts(with_x).requests
+    assert (again[("x", "admitted")], again[("other", "admitted")]) == (8, 3)
+    tallies["x"].waits[0] += 1  # removed once more
+    assert tallies.counts(without_x).requests[("other", "admitted")] == 4
+
+
 def test_a_scrape_reads_depths_learned_capacities_and_the_store() -> None:
     fleet = ready_fleet(spec("a"), spec("b"))
     fleet.snapshot.engines[0].load.concurrency = Capacity(6)

@@ -1,7 +1,7 @@
 """Flow control: every request of a tenant either goes to an engine with room, waits its turn
 in the router, or is refused with what the client should do.
 
-    control = FlowControl(fleet, settings.flow, store)
+    control = FlowControl(fleet, settings.flow, store, lambda: credentials.tenants)
     ticket = Ticket(control, tenant, request, model, body)  # ticket.py
     decision = control.admit(ticket, candidates, policy, features)  # Ticket | Refusal | Awaitable
     ...
@@ -51,7 +51,7 @@ _TICK = 0.25
 
 
 class _Waiting:
-    """A request in the queue: what it asked, how it picks, where its answer goes."""
+    """A request in the queue: its ticket, how it picks, where its answer goes."""
 
     __slots__ = ("entry", "features", "future", "picker", "since", "ticket", "timer", "verdict")
 
@@ -252,6 +252,7 @@ class FlowControl:
         else:  # most requests: no wait at all
             tally.waits[0] += 1
         ticket.engine = engine
+        ticket.body = None  # its reserve was worked out if anything needed it
         if verdict is not None:
             ticket.judged(verdict)
         return ticket

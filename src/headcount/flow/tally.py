@@ -7,10 +7,11 @@ lookup and an addition per request, not a metrics registry's label lookup
 and lock: `surfaces/flow_metrics.py` renders a copy at each scrape.
 
 The copy is labelled by tenant name, and only names the tenants file holds
-now may be labels: the counts of a name a reload removed are folded, at that
-scrape, into tenant `other` for good (a request of it still in flight adds to
-its emptied count, folded at the next), so that no input mints series and no
-counter goes down.
+now may be labels, so that no input mints series: what a tenant a reload
+removed counts after its last scrape under its own name (a request of it
+still in flight, say) goes to tenant `other`. Every series is monotonic: a
+tenant's own goes on from where it was should a later reload name it again,
+and `other` keeps what it was given.
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ class TenantTally:
     __slots__ = ("completion", "outcomes", "prompt", "waited", "waits")
 
     def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
         self.waits = [0] * (len(QUEUE_BUCKETS) + 1)
         """Admitted requests per queue-time bucket (the last is +Inf)."""
         self.waited = 0.0
@@ -51,15 +49,19 @@ class TenantTally:
     def refused(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
-    def take(self, other: TenantTally) -> None:
-        """Move `other`'s counts into these, leaving it empty."""
-        self.waits = [mine + theirs for mine, theirs in zip(self.waits, other.waits, strict=True)]
-        self.waited += other.waited
+    def plus(self, other: TenantTally, sign: int = 1) -> TenantTally:
+        """These counts with `other`'s added (`sign` -1: taken away), as a new tally."""
+        total = TenantTally()
+        total.waits = [
+            mine + sign * theirs for mine, theirs in zip(self.waits, other.waits, strict=True)
+        ]
+        total.waited = self.waited + sign * other.waited
+        total.outcomes = dict(self.outcomes)
         for outcome, count in other.outcomes.items():
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + count
-        self.prompt += other.prompt
-        self.completion += other.completion
-        other.clear()
+            total.outcomes[outcome] = total.outcomes.get(outcome, 0) + sign * count
+        total.prompt = self.prompt + sign * other.prompt
+        total.completion = self.completion + sign * other.completion
+        return total
 
 
 class TenantCounts(NamedTuple):
@@ -79,19 +81,28 @@ class Tallies(dict[str, TenantTally]):
     def __init__(self) -> None:
         super().__init__()
         self._other = TenantTally()
+        self._shown: dict[str, TenantTally] = {}
+        """Per name, what its own series showed at the last scrape that named it."""
+        self._given: dict[str, TenantTally] = {}
+        """Per name, what it gave `other` while the file did not name it."""
 
     def __missing__(self, name: str) -> TenantTally:
         tally = self[name] = TenantTally()
         return tally
 
     def counts(self, names: frozenset[str]) -> TenantCounts:
-        """A copy labelled by name, tenants not in `names` folded into `other` first."""
+        """A copy labelled by the tenants in `names`, and `other`."""
         labelled = []
+        empty = TenantTally()
         for name, tally in self.items():
+            given = self._given.get(name, empty)
             if name in names:
-                labelled.append((name, tally))
-            else:  # kept, emptied: a ticket in flight may still add to it
-                self._other.take(tally)
+                shown = self._shown[name] = tally.plus(given, -1)
+                labelled.append((name, shown))
+            else:  # what it counted since its series last showed goes to `other`
+                owed = tally.plus(self._shown.get(name, empty), -1)
+                self._other = self._other.plus(owed.plus(given, -1))
+                self._given[name] = owed
         counts = TenantCounts({}, {}, {})
         if any(self._other.waits) or self._other.outcomes:
             labelled.append((OTHER_TENANT, self._other))

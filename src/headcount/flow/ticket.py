@@ -21,12 +21,8 @@ from headcount.flow.limits import Verdict, ratelimit_headers
 from headcount.flow.tally import TenantTally
 
 __all__ = [
-    "BYTES_PER_TOKEN",
     "DEFAULT_COMPLETION_RESERVE",
-    "FAIRNESS_ID",
-    "FLOW_MAX",
     "NO_COMPLETION_PATHS",
-    "OBJECTIVE",
     "Decision",
     "Owner",
     "Picker",
@@ -37,11 +33,11 @@ __all__ = [
 
 DEFAULT_COMPLETION_RESERVE = 256
 """Tokens reserved for an answer whose request names no `max_tokens`; settled on its usage."""
-BYTES_PER_TOKEN = 4
+_BYTES_PER_TOKEN = 4
 """A prompt's bytes per token, where the router has not counted them."""
-OBJECTIVE = b"x-gateway-inference-objective"
-FAIRNESS_ID = b"x-gateway-inference-fairness-id"
-FLOW_MAX = 128
+_OBJECTIVE = b"x-gateway-inference-objective"
+_FAIRNESS_ID = b"x-gateway-inference-fairness-id"
+_FLOW_MAX = 128
 """Bytes of a fairness id kept: longer ones name the same flow as their first 128."""
 NO_COMPLETION_PATHS = frozenset({b"/v1/embeddings"})
 """Paths whose answers generate nothing: their reserve is their prompt, usage is not asked."""
@@ -86,6 +82,7 @@ class Ticket:
         "model",
         "prompt",
         "request",
+        "reserve",
         "tally",
         "tenant",
         "verdict",
@@ -107,13 +104,16 @@ class Ticket:
         self.tenant = tenant
         self.request = request
         self.body = body
-        """The request's JSON object (None: read by a worker, which answers only its model)."""
+        """The request's JSON object until its reserve is worked out or it is granted (None
+        then, or when a worker read it, which answers only its model)."""
         self.forward = forward
         """The body to forward when it is not the client's: the router asked for usage the
         client did not ask for, so the answer's usage event is not the client's."""
         self.model = model
         self.prompt: int | None = None
         """The prompt's tokens, when the router counted them (else its bytes / 4 stand in)."""
+        self.reserve: int | None = None
+        """`tokens`, once worked out."""
         self.tally: TenantTally | None = None
         """Its tenant's counts while it holds a slot: None before its grant and after `done`."""
         self.verdict: Verdict | None = None
@@ -124,23 +124,27 @@ class Ticket:
     @property
     def priority(self) -> int:
         """Its tenant's, lowered by an `x-gateway-inference-objective` the file names."""
-        objective = dict(self.request.headers).get(OBJECTIVE)
+        objective = dict(self.request.headers).get(_OBJECTIVE)
         return effective_priority(self.tenant, objective, self.control.tenants())
 
     @property
     def flow(self) -> str:
-        """`x-gateway-inference-fairness-id` (its first `FLOW_MAX` bytes), "" without one."""
-        named = dict(self.request.headers).get(FAIRNESS_ID)
-        return "" if named is None else named[:FLOW_MAX].decode("latin-1")
+        """`x-gateway-inference-fairness-id` (its first `_FLOW_MAX` bytes), "" without one."""
+        named = dict(self.request.headers).get(_FAIRNESS_ID)
+        return "" if named is None else named[:_FLOW_MAX].decode("latin-1")
 
     @property
     def tokens(self) -> int:
-        """Reserved: the prompt's tokens plus the most the answer may use."""
-        request = self.request
-        prompt = len(request.body) // BYTES_PER_TOKEN if self.prompt is None else self.prompt
-        if request.path in NO_COMPLETION_PATHS:
-            return prompt
-        return prompt + completion_reserve(self.body)
+        """Reserved: the prompt's tokens plus the most the answer may use, worked out once
+        (the parsed body is let go then)."""
+        reserve = self.reserve
+        if reserve is None:
+            request = self.request
+            reserve = len(request.body) // _BYTES_PER_TOKEN if self.prompt is None else self.prompt
+            if request.path not in NO_COMPLETION_PATHS:
+                reserve += completion_reserve(self.body)
+            self.reserve, self.body = reserve, None
+        return reserve
 
     def judged(self, verdict: Verdict) -> None:
         """The limits store counted the request: the answer says what is left."""
