@@ -19,18 +19,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from bench.common.harness import OUT, BenchError, run_benchmark, say
-from bench.common.processes import Processes, block_until
-from bench.micro.instructions import WARMUP, answered, chat_request, exchange, listens
+from bench.common.processes import Processes
+from bench.micro.instructions import (
+    WARMUP,
+    chat_request,
+    first_answer,
+    send,
+    serve_flags,
+    start_engines,
+)
 from headcount.sim.loopback import free_port
 
 __all__: list[str] = []
@@ -90,40 +95,14 @@ def count(
     """Bytecodes and calls per request, per function, for one router run."""
     port = free_port()
     out = OUT / f"bytecodes-{name}-{os.getpid()}.json"
-    command = [
-        sys.executable,
-        "-m",
-        "bench.micro.programs.traced_router",
-        str(out),
-        "serve",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        "--discovery=static",
-        f"--backends={','.join(engines)}",
-        "--probe-interval=3600",
-        "--log-level=warning",
-        *extra,
-    ]
-    router = procs.start(name, command, port=port)
+    program = [sys.executable, "-m", "bench.micro.programs.traced_router", str(out)]
+    router = procs.start(name, [*program, *serve_flags(port, engines, extra)], port=port)
     request = chat_request(stream)
-    ready: list[tuple[socket.socket, bytes]] = []
-
-    def answers() -> bool:
-        connection = answered(port, request)
-        if connection is not None:
-            ready.append(connection)
-        return bool(ready)
-
-    block_until(answers, 120, "the traced router to answer 200", router)
-    client, pending = ready[0]
+    client, pending = first_answer(port, request, router, 120, "the traced router to answer 200")
     with client:
-        for _ in range(WARMUP):
-            _, pending = exchange(client, request, pending)
+        pending = send(client, request, pending, WARMUP)
         router.popen.send_signal(signal.SIGUSR1)
-        for _ in range(requests):
-            status, pending = exchange(client, request, pending)
-            if status != 200:
-                raise BenchError(f"the router answered {status}")
+        send(client, request, pending, requests)
         router.popen.send_signal(signal.SIGUSR1)
     router.popen.send_signal(signal.SIGTERM)
     router.popen.wait(timeout=120)
@@ -181,14 +160,7 @@ def main() -> int:
     tenants.write_text("[default]\n")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with Processes(Path(OUT / f"bytecodes-{stamp}-logs")) as procs:
-        urls = []
-        for number in (1, 2):
-            port = free_port()
-            engine = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
-            engine += ["--port", str(port), "--model", "sim-model", "--token-delay", "1e-06"]
-            started = procs.start(f"engine-{number}", engine, port=port)
-            block_until(functools.partial(listens, port), 60, "an engine to listen", started)
-            urls.append(f"http://127.0.0.1:{port}")
+        urls = start_engines(procs)
         for kind in args.kind.split(","):
             say(f"{kind}: {args.requests} requests under the bytecode tracer")
             plain = count(procs, f"{kind}", urls, args.requests, kind == "stream", ())

@@ -35,7 +35,7 @@ import socket
 import sys
 
 from bench.common.harness import OUT, BenchError, headcount_at, run_benchmark, say
-from bench.common.processes import Processes, block_until
+from bench.common.processes import Proc, Processes, block_until
 from headcount.sim.loopback import free_port
 
 WARMUP = 50
@@ -104,6 +104,59 @@ def answered(port: int, request: bytes) -> tuple[socket.socket, bytes] | None:
     return client, pending
 
 
+def serve_flags(port: int, engines: list[str], extra: tuple[str, ...] = ()) -> list[str]:
+    """`headcount serve`'s flags for a counted run: static discovery over `engines`, probes an
+    hour apart so that nothing else runs meanwhile, warnings only."""
+    return [
+        "serve",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        "--discovery=static",
+        f"--backends={','.join(engines)}",
+        "--probe-interval=3600",
+        "--log-level=warning",
+        *extra,
+    ]
+
+
+def first_answer(
+    port: int, request: bytes, router: Proc, timeout: float, what: str
+) -> tuple[socket.socket, bytes]:
+    """A keep-alive connection on which the router at `port` just answered `request` 200."""
+    ready: list[tuple[socket.socket, bytes]] = []
+
+    def answers() -> bool:
+        connection = answered(port, request)
+        if connection is not None:
+            ready.append(connection)
+        return bool(ready)
+
+    block_until(answers, timeout, what, router)
+    return ready[0]
+
+
+def send(client: socket.socket, request: bytes, pending: bytes, times: int) -> bytes:
+    """Send `request` `times` times, one after the other, each answered 200; what is left."""
+    for _ in range(times):
+        status, pending = exchange(client, request, pending)
+        if status != 200:
+            raise BenchError(f"the router answered {status}")
+    return pending
+
+
+def start_engines(procs: Processes) -> list[str]:
+    """Two simulated engines, each chunk of a stream in its own write; their URLs."""
+    urls = []
+    for number in (1, 2):
+        port = free_port()
+        engine = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
+        engine += ["--port", str(port), "--model", "sim-model", "--token-delay", "1e-06"]
+        started = procs.start(f"engine-{number}", engine, port=port)
+        block_until(functools.partial(listens, port), 60, "an engine to listen", started)
+        urls.append(f"http://127.0.0.1:{port}")
+    return urls
+
+
 def count(
     procs: Processes,
     name: str,
@@ -122,32 +175,15 @@ def count(
         "--trace-children=yes",
         "--cachegrind-out-file=/dev/null",
         *program,
-        "serve",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        "--discovery=static",
-        f"--backends={','.join(engines)}",
-        "--probe-interval=3600",
-        "--log-level=warning",
-        *extra,
+        *serve_flags(port, engines, extra),
     ]
     router = procs.start(f"{name}-{requests}", command, port=port)
     request = chat_request(stream)
-    ready: list[tuple[socket.socket, bytes]] = []
-
-    def answers() -> bool:
-        connection = answered(port, request)
-        if connection is not None:
-            ready.append(connection)
-        return bool(ready)
-
-    block_until(answers, 300, "the router under valgrind to answer 200", router)
-    client, pending = ready[0]
+    client, pending = first_answer(
+        port, request, router, 300, "the router under valgrind to answer 200"
+    )
     with client:
-        for _ in range(WARMUP + requests):
-            status, pending = exchange(client, request, pending)
-            if status != 200:
-                raise BenchError(f"the router answered {status}")
+        send(client, request, pending, WARMUP + requests)
     # SIGTERM alone, waited for: the router shuts down and valgrind writes its totals, which
     # takes longer than `Processes.stop` waits before its SIGKILL.
     router.popen.send_signal(signal.SIGTERM)
@@ -186,14 +222,7 @@ def main() -> int:
     short = args.requests // 3
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with Processes(OUT / f"instructions-{stamp}-logs") as procs:
-        urls = []
-        for number in (1, 2):
-            port = free_port()
-            engine = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
-            engine += ["--port", str(port), "--model", "sim-model", "--token-delay", "1e-06"]
-            started = procs.start(f"engine-{number}", engine, port=port)
-            block_until(functools.partial(listens, port), 60, "an engine to listen", started)
-            urls.append(f"http://127.0.0.1:{port}")
+        urls = start_engines(procs)
         print("| target | kind | instructions per request |\n|---|---|--:|")
         for kind in args.kind.split(","):
             for name, program, extra in targets:
