@@ -49,15 +49,15 @@ class Served:
     """Every model label's series, made when first counted, removed with the label."""
 
     def __init__(self) -> None:
-        self._requests: dict[tuple[str, str, str], Count] = {}
+        self._counts: dict[tuple[str, str, str], Count] = {}
         self._durations: dict[str, Latency] = {}
         self._ttfbs: dict[str, Latency] = {}
 
     def count(self, model: str, code: str, outcome: str) -> Count:
         """The count of (`model`, `code`, `outcome`)."""
-        count = self._requests.get((model, code, outcome))
+        count = self._counts.get((model, code, outcome))
         if count is None:
-            count = self._requests[(model, code, outcome)] = Count()
+            count = self._counts[(model, code, outcome)] = Count()
         return count
 
     def series(self, model: str, code: str, outcome: str) -> tuple[Count, Latency, Latency]:
@@ -73,15 +73,15 @@ class Served:
 
     def remove(self, model: str) -> None:
         """`model`'s series are gone (its label's room is given back)."""
-        for key in [key for key in self._requests if key[0] == model]:
-            del self._requests[key]
+        for key in [key for key in self._counts if key[0] == model]:
+            del self._counts[key]
         self._durations.pop(model, None)
         self._ttfbs.pop(model, None)
 
     def copy(self) -> ServedCollector:
         """The series as they are now, for a scrape's thread."""
         return ServedCollector(
-            {labels: count.n for labels, count in self._requests.items()},
+            {labels: count.n for labels, count in self._counts.items()},
             {model: (list(h.buckets), h.total) for model, h in self._durations.items()},
             {model: (list(h.buckets), h.total) for model, h in self._ttfbs.items()},
         )
@@ -96,7 +96,7 @@ class ServedCollector:
         durations: dict[str, tuple[list[int], float]],
         ttfbs: dict[str, tuple[list[int], float]],
     ) -> None:
-        self._requests = requests
+        self._counts = requests
         self._durations = durations
         self._ttfbs = ttfbs
 
@@ -107,7 +107,7 @@ class ServedCollector:
             "it left first) and how the answer ended (outcome: ok, error, cut, client_closed).",
             labels=["model", "code", "outcome"],
         )
-        for labels, count in sorted(self._requests.items()):
+        for labels, count in sorted(self._counts.items()):
             requests.add_metric(list(labels), count)
         yield requests
         for name, documentation, histograms in (
