@@ -138,8 +138,7 @@ class FlowControl:
                 "max_concurrency; retry when one ends",
                 1.0,
             )
-        queued = self._queued and self._waits(ticket.model)
-        room = [] if queued else self._with_room(candidates)
+        room = self._room(ticket.model, candidates)
         if not room:
             refusal = self._cannot_wait(ticket)
             if refusal is not None:
@@ -181,8 +180,7 @@ class FlowControl:
         if not candidates:
             self._give_back(ticket, verdict)
             return self._refuse(ticket, "no_engine", f"no engine serves `{ticket.model}` now", 1.0)
-        queued = self._queued and self._waits(ticket.model)
-        room = [] if queued else self._with_room(candidates)
+        room = self._room(ticket.model, candidates)
         decision = self._judged(ticket, room, picker, features, verdict)
         if isinstance(decision, (Ticket, Refusal)):
             return decision
@@ -225,9 +223,12 @@ class FlowControl:
             return refusal
         return self._enqueue(ticket, picker, features, verdict)
 
-    def _waits(self, model: str) -> bool:
-        """Whether requests for `model` wait: then a new one waits too (they go first)."""
-        return len(self._queues.get(model) or ()) > 0
+    def _room(self, model: str, candidates: Sequence[Engine]) -> list[Engine]:
+        """The engines a request for `model` may go to now: none while others wait for one
+        (they go first), else the `candidates` with room."""
+        if self._queued and len(self._queues.get(model) or ()):
+            return []
+        return self._with_room(candidates)
 
     def _with_room(self, candidates: Sequence[Engine]) -> list[Engine]:
         """The `candidates` whose capacity is unknown or above what is granted there."""

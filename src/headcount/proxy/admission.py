@@ -207,25 +207,23 @@ def _select(
     if prompt is not None:
         ticket.prompt = len(prompt)
     decided: Decision = ticket.control.admit(ticket, candidates, policy, features)
-    if isinstance(decided, Ticket):
-        return Admitted(decided.engine, features, decided, decided.forward)
-    if isinstance(decided, Refusal):
-        return _refused(decided, features)
+    if isinstance(decided, (Ticket, Refusal)):
+        return _granted(decided, features)
     return Later(_granted_later(decided, features))
 
 
-def _refused(refusal: Refusal, features: RequestFeatures) -> Refused:
-    answer, headers = refusal_answer(refusal)
-    return Refused(answer, features.model, headers)
+def _granted(decided: Ticket | Refusal, features: RequestFeatures) -> Admitted | Refused:
+    """Flow control's answer as admission's: the granted engine, or the refusal's answer."""
+    if isinstance(decided, Refusal):
+        answer, headers = refusal_answer(decided)
+        return Refused(answer, features.model, headers)
+    return Admitted(decided.engine, features, decided, decided.forward)
 
 
 async def _granted_later(
     decided: Awaitable[Ticket | Refusal], features: RequestFeatures
 ) -> Admitted | Refused:
-    ticket = await decided
-    if isinstance(ticket, Refusal):
-        return _refused(ticket, features)
-    return Admitted(ticket.engine, features, ticket, ticket.forward)
+    return _granted(await decided, features)
 
 
 async def _decided(decision: Admitted | Refused | Later) -> Admitted | Refused:
