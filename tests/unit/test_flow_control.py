@@ -96,7 +96,7 @@ async def test_engines_without_a_learned_capacity_always_have_room() -> None:
     assert _granted(fleet, "e0") == 50
     counts = _counts(control)
     assert counts.requests == {("batch", "admitted"): 50}
-    assert counts.waits["batch"][0][0] == 50 and counts.waits["batch"][1] == 0.0
+    assert counts.waits[("batch",)][0][0] == 50 and counts.waits[("batch",)][1] == 0.0
 
 
 async def test_a_full_engine_queues_and_the_next_slot_goes_to_the_higher_priority() -> None:

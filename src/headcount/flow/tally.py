@@ -71,8 +71,8 @@ class TenantCounts(NamedTuple):
     """Per (tenant, outcome): `admitted` and the others."""
     tokens: dict[tuple[str, str], int]
     """Per (tenant, kind): `prompt`, `completion`."""
-    waits: dict[str, tuple[list[int], float]]
-    """Per tenant, its queue-time buckets and their sum."""
+    waits: dict[tuple[str], tuple[list[int], float]]
+    """Per (tenant,), its queue-time buckets and their sum."""
 
 
 class Tallies(dict[str, TenantTally]):
@@ -113,5 +113,5 @@ class Tallies(dict[str, TenantTally]):
             for kind, tokens in (("prompt", tally.prompt), ("completion", tally.completion)):
                 if tokens:
                     counts.tokens[(label, kind)] = tokens
-            counts.waits[label] = (list(tally.waits), tally.waited)
+            counts.waits[(label,)] = (list(tally.waits), tally.waited)
         return counts

@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
 )
 from prometheus_client.metrics_core import Metric
 
 from headcount.fleet import Snapshot
 from headcount.flow.limits import StoreHealth
 from headcount.flow.tally import QUEUE_BUCKETS, TenantCounts
-from headcount.surfaces.served import cumulative
+from headcount.surfaces.served import counter_family, histogram_family
 
 __all__ = ["FlowCollector"]
 
@@ -75,28 +74,23 @@ class FlowCollector:
         )
 
     def _per_tenant(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(
+        yield counter_family(
             "headcount_tenant_requests",
             "Requests of each tenant by what flow control did with them (admitted: sent on to "
             "an engine; the others are refusals, or the client leaving while queued).",
-            labels=["tenant", "outcome"],
+            ["tenant", "outcome"],
+            self._counts.requests,
         )
-        for (tenant, outcome), count in sorted(self._counts.requests.items()):
-            requests.add_metric([tenant, outcome], count)
-        yield requests
-        tokens = CounterMetricFamily(
+        yield counter_family(
             "headcount_tenant_tokens",
             "Tokens each tenant used, as the engines reported them (kind: prompt, completion).",
-            labels=["tenant", "kind"],
+            ["tenant", "kind"],
+            self._counts.tokens,
         )
-        for (tenant, kind), count in sorted(self._counts.tokens.items()):
-            tokens.add_metric([tenant, kind], count)
-        yield tokens
-        waits = HistogramMetricFamily(
+        yield histogram_family(
             "headcount_queue_seconds",
             "Time each admitted request waited in the router's queue (0: it did not).",
-            labels=["tenant"],
+            ["tenant"],
+            QUEUE_BUCKETS,
+            self._counts.waits,
         )
-        for tenant, (buckets, total) in sorted(self._counts.waits.items()):
-            waits.add_metric([tenant], cumulative(QUEUE_BUCKETS, buckets), total)
-        yield waits

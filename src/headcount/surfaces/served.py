@@ -12,12 +12,25 @@ flow control's counts are (`flow_metrics.py`).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
-__all__ = ["LATENCY_BUCKETS", "Count", "Latency", "Served", "ServedCollector", "cumulative"]
+__all__ = [
+    "LATENCY_BUCKETS",
+    "Count",
+    "Latency",
+    "Served",
+    "ServedCollector",
+    "counter_family",
+    "histogram_family",
+]
+
+_Labels = TypeVar("_Labels", bound=tuple[str, ...])
+"""One series' label values, in the family's label order."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -49,27 +62,17 @@ class Served:
     """Every model label's series, made when first counted, removed with the label."""
 
     def __init__(self) -> None:
-        self._counts: dict[tuple[str, str, str], Count] = {}
-        self._durations: dict[str, Latency] = {}
-        self._ttfbs: dict[str, Latency] = {}
+        self._counts: defaultdict[tuple[str, str, str], Count] = defaultdict(Count)
+        self._durations: defaultdict[str, Latency] = defaultdict(Latency)
+        self._ttfbs: defaultdict[str, Latency] = defaultdict(Latency)
 
     def count(self, model: str, code: str, outcome: str) -> Count:
         """The count of (`model`, `code`, `outcome`)."""
-        count = self._counts.get((model, code, outcome))
-        if count is None:
-            count = self._counts[(model, code, outcome)] = Count()
-        return count
+        return self._counts[(model, code, outcome)]
 
     def series(self, model: str, code: str, outcome: str) -> tuple[Count, Latency, Latency]:
         """The count of (`model`, `code`, `outcome`) and `model`'s two histograms."""
-        count = self.count(model, code, outcome)
-        duration = self._durations.get(model)
-        if duration is None:
-            duration = self._durations[model] = Latency()
-        ttfb = self._ttfbs.get(model)
-        if ttfb is None:
-            ttfb = self._ttfbs[model] = Latency()
-        return count, duration, ttfb
+        return self._counts[(model, code, outcome)], self._durations[model], self._ttfbs[model]
 
     def remove(self, model: str) -> None:
         """`model`'s series are gone (its label's room is given back)."""
@@ -82,8 +85,8 @@ class Served:
         """The series as they are now, for a scrape's thread."""
         return ServedCollector(
             {labels: count.n for labels, count in self._counts.items()},
-            {model: (list(h.buckets), h.total) for model, h in self._durations.items()},
-            {model: (list(h.buckets), h.total) for model, h in self._ttfbs.items()},
+            {(model,): (list(h.buckets), h.total) for model, h in self._durations.items()},
+            {(model,): (list(h.buckets), h.total) for model, h in self._ttfbs.items()},
         )
 
 
@@ -93,42 +96,63 @@ class ServedCollector:
     def __init__(
         self,
         requests: dict[tuple[str, str, str], int],
-        durations: dict[str, tuple[list[int], float]],
-        ttfbs: dict[str, tuple[list[int], float]],
+        durations: dict[tuple[str], tuple[list[int], float]],
+        ttfbs: dict[tuple[str], tuple[list[int], float]],
     ) -> None:
         self._counts = requests
         self._durations = durations
         self._ttfbs = ttfbs
 
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(
+        yield counter_family(
             "headcount_requests",
             "Requests answered, by requested model, the HTTP status the client saw (499: none, "
             "it left first) and how the answer ended (outcome: ok, error, cut, client_closed).",
-            labels=["model", "code", "outcome"],
+            ["model", "code", "outcome"],
+            self._counts,
         )
-        for labels, count in sorted(self._counts.items()):
-            requests.add_metric(list(labels), count)
-        yield requests
-        for name, documentation, histograms in (
-            (
-                "headcount_request_duration_seconds",
-                "Time from request received to response complete.",
-                self._durations,
-            ),
-            (
-                "headcount_time_to_first_byte_seconds",
-                "Time from request received to the first response byte from an engine.",
-                self._ttfbs,
-            ),
-        ):
-            family = HistogramMetricFamily(name, documentation, labels=["model"])
-            for model, (buckets, total) in sorted(histograms.items()):
-                family.add_metric([model], cumulative(LATENCY_BUCKETS, buckets), total)
-            yield family
+        yield histogram_family(
+            "headcount_request_duration_seconds",
+            "Time from request received to response complete.",
+            ["model"],
+            LATENCY_BUCKETS,
+            self._durations,
+        )
+        yield histogram_family(
+            "headcount_time_to_first_byte_seconds",
+            "Time from request received to the first response byte from an engine.",
+            ["model"],
+            LATENCY_BUCKETS,
+            self._ttfbs,
+        )
 
 
-def cumulative(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+def counter_family(
+    name: str, documentation: str, labels: list[str], counts: Mapping[_Labels, int]
+) -> CounterMetricFamily:
+    """A counter with one series per label values in `counts`, in their order."""
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for values, count in sorted(counts.items()):
+        family.add_metric(list(values), count)
+    return family
+
+
+def histogram_family(
+    name: str,
+    documentation: str,
+    labels: list[str],
+    bounds: Sequence[float],
+    histograms: Mapping[_Labels, tuple[list[int], float]],
+) -> HistogramMetricFamily:
+    """A histogram with one series per label values in `histograms`, each a count per
+    bucket of `bounds` (the last one +Inf) and their sum."""
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, (buckets, total) in sorted(histograms.items()):
+        family.add_metric(list(values), _cumulative(bounds, buckets), total)
+    return family
+
+
+def _cumulative(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
     """A histogram's `(le, count)` pairs from a count per bucket (the last one +Inf)."""
     pairs: list[tuple[str, float]] = []
     running = 0
