@@ -8,9 +8,14 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
+# A C compiler for the data plane's mypyc build (setup.py); only this stage has it.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/headcount
 WORKDIR /src
-COPY requirements.lock pyproject.toml README.md LICENSE ./
+COPY requirements.lock pyproject.toml setup.py README.md LICENSE ./
 COPY src/ ./src/
 # The lock pins every dependency, dev tools included; used as constraints it
 # pins versions while only headcount's runtime dependencies get installed.

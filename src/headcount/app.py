@@ -39,6 +39,7 @@ from headcount._http.resolve import Resolver, pinned_first
 from headcount._http.resources import raise_open_file_limit, release_large_allocations
 from headcount.auth import Authentication, Credentials
 from headcount.auth.tenants import Tenants
+from headcount.compiled import data_plane, stale_compiled
 from headcount.config import (
     BUILTIN_TOKENIZER,
     ConfigError,
@@ -196,12 +197,20 @@ class Router:
                 supervise=self.supervisor.run,
             )
         log.info(
-            "headcount listening on http://%s:%d (discovery %s, routing %s)",
+            "headcount listening on http://%s:%d (discovery %s, routing %s, data plane %s)",
             server_settings.host,
             server_settings.port,
             self.settings.discovery.mode.value,
             self.settings.proxy.routing.value,
+            data_plane(),
         )
+        stale = stale_compiled()
+        if stale:
+            log.warning(
+                "compiled modules older than their sources run instead of them (%s): "
+                "run `make install` to rebuild",
+                ", ".join(stale),
+            )
         try:
             if self.kv is not None:
                 self.kv.indexes.start()

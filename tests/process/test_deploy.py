@@ -809,6 +809,7 @@ def test_build_context_holds_what_the_builder_copies_and_nothing_else() -> None:
         ".venv/bin/python",
         "tests/process/test_deploy.py",
         "src/headcount/__pycache__/x.pyc",
+        "src/headcount/_http/server.cpython-311-x86_64-linux-gnu.so",
     ):
         assert not _dockerignore_admits(private), private
 

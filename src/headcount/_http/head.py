@@ -52,7 +52,8 @@ _SHARED = ("on_header", "_count_head", "_count_raw")
 def _own_copy(function: Any) -> Any:
     """`function` with a code object of its own. CPython specialises a code object's attribute
     reads for the types it meets; one code object read on requests and responses alike keeps
-    missing those caches (measured: thousands of instructions per proxied request)."""
+    missing those caches (measured: thousands of instructions per proxied request). Only
+    for the Python sources: compiled by mypyc, the methods are C, with no such cache."""
     return types.FunctionType(
         function.__code__.replace(),
         function.__globals__,
@@ -72,8 +73,9 @@ class HeadReader(asyncio.Protocol, Generic[_M], metaclass=ABCMeta):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name in _SHARED:
-            if name not in cls.__dict__:
-                setattr(cls, name, _own_copy(HeadReader.__dict__[name]))
+            shared = vars(HeadReader)[name]
+            if name not in vars(cls) and isinstance(shared, types.FunctionType):
+                setattr(cls, name, _own_copy(shared))
 
     def __init__(self, message: _M, max_head_size: int, noted: tuple[bytes, ...]) -> None:
         """`noted`: lowercased header names, besides Content-Length, that go to `_note` (a

@@ -204,6 +204,8 @@ class RequestReader(HeadReader[_Message]):
         "_screen",
         "_transport",
     )
+    __deletable__ = ("_parser",)
+    """What `_release` deletes (mypyc, which compiles this module, must be told)."""
 
     def __init__(
         self,

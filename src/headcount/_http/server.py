@@ -292,7 +292,7 @@ class HttpServerProtocol(RequestReader):
         self._dispatching = True
         dispatched = 0
         try:
-            while queue and self._request is None and not self._write_paused:
+            while queue and self._idle() and not self._write_paused:
                 transport = self._transport
                 if transport is None:
                     return
@@ -323,7 +323,7 @@ class HttpServerProtocol(RequestReader):
         finally:
             self._dispatching = False
         transport = self._transport
-        if transport is None or self._request is not None or self._write_paused or queue:
+        if transport is None or not self._idle() or self._write_paused or queue:
             return
         if self._read_paused and self._phase < STOPPED:
             self._read_paused = False
@@ -334,6 +334,12 @@ class HttpServerProtocol(RequestReader):
         elif self._continue:
             self._continue = False
             transport.write(answers.CONTINUE)
+
+    def _idle(self) -> bool:
+        """No exchange runs. A method, not the attribute: a dispatch may start or end one, and
+        mypyc, which compiles this module, would check a second read of `_request` against
+        the type the first one narrowed it to."""
+        return self._request is None
 
     def _dispatch(self, request: Request, handler: RequestHandler) -> None:
         self._request = request

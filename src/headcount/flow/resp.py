@@ -255,8 +255,9 @@ class RespClient:
             except RespError as error:
                 if not str(error).startswith("NOSCRIPT"):
                     raise
-            loaded, rerun = conn.send(encode(b"SCRIPT", b"LOAD", script.source), command)
-            outcomes = await asyncio.gather(loaded, rerun, return_exceptions=True)
+            sent = conn.send(encode(b"SCRIPT", b"LOAD", script.source), command)
+            # Unpacked, so the stub's type is the list gather returns: mypyc checks it.
+            outcomes = await asyncio.gather(*sent, return_exceptions=True)
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome

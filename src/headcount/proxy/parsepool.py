@@ -61,8 +61,10 @@ _BOOT = (
     "module.worker_main()\n"
 )
 """Loads `payload.py` by path: importing the `headcount.proxy` package would load the whole
-data plane into every worker."""
-_ROOT = str(Path(payload.__file__).resolve().parents[2])
+data plane into every worker. Its source, even where mypyc compiled it: a compiled module
+answers only to its own name."""
+_PAYLOAD = str(Path(payload.__file__).resolve().with_name("payload.py"))
+_ROOT = str(Path(_PAYLOAD).parents[2])
 """Where `headcount` is imported from, for the key sources a worker imports."""
 _PIPE_SIZE = 1024 * 1024
 """Pipe buffer asked for (Linux allows an unprivileged process 1 MiB): fewer loop wakeups."""
@@ -116,7 +118,7 @@ class _Worker:
             "-c",
             _BOOT,
             _ROOT,
-            payload.__file__,
+            _PAYLOAD,
             str(memory_limit),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

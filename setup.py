@@ -1,0 +1,50 @@
+"""headcount's data plane, compiled ahead of time with mypyc.
+
+The request's path (`_http/`, `proxy/`, `flow/`) is typed Python that mypyc turns into C
+extension modules, one beside each source file; everything else stays interpreted. The
+sources remain the truth: Python imports a module's compiled form when it is there and its
+source otherwise, so the pure-Python path works anywhere and is tested too (`make test`
+runs both; docs/DEVELOPING.md says how).
+
+`pip install .` compiles (it needs a C compiler and Python's headers);
+`HEADCOUNT_PURE_PYTHON=1 pip install .` installs the sources alone. `make install` builds
+in place, into `src/`, and rebuilds when a compiled module's source changes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from setuptools import setup
+
+COMPILED_PACKAGES = ("_http", "proxy", "flow")
+NOT_COMPILED = {"_http/errors.py"}
+"""Its exception tree uses multiple inheritance, which mypyc's native classes do not have
+(and it is off the common path). Package markers (`__init__.py`) gain nothing either."""
+
+
+def compiled_sources() -> list[str]:
+    """The source files mypyc compiles, relative to this file."""
+    root = Path(__file__).parent
+    return sorted(
+        str(path.relative_to(root))
+        for package in COMPILED_PACKAGES
+        for path in (root / "src" / "headcount" / package).glob("*.py")
+        if path.name != "__init__.py" and f"{package}/{path.name}" not in NOT_COMPILED
+    )
+
+
+def extensions() -> list[object]:
+    if os.environ.get("HEADCOUNT_PURE_PYTHON") == "1":
+        return []
+    from mypyc.build import mypycify
+
+    return list(
+        mypycify(
+            compiled_sources(), opt_level="3", target_dir=".cache/mypyc", group_name="headcount"
+        )
+    )
+
+
+setup(ext_modules=extensions())
