@@ -15,7 +15,8 @@ REDIS_SERVER := .cache/redis/usr/bin/redis-server
 # per-module `.so` files are only stubs of one shared library, left as they are when their
 # source changes: touched, they say when the build ran (src/headcount/compiled.py reads it).
 COMPILED := .cache/mypyc/built
-COMPILED_SOURCES := $(wildcard src/headcount/_http/*.py src/headcount/proxy/*.py src/headcount/flow/*.py)
+COMPILED_SOURCES := $(wildcard $(addprefix src/headcount/,$(addsuffix /*.py,_http proxy flow fleet auth surfaces)))
+# (a superset of setup.py's COMPILED: a change there rebuilds too)
 
 install: $(STAMP) $(COMPILED)
 
@@ -77,7 +78,9 @@ pytest: install $(KUBECTL) $(PROMTOOL) $(REDIS_SERVER)
 # mypyc built, first on PYTHONPATH (before the editable install) for this process and every
 # router it starts.
 PYTHON_SRC := .cache/python-src
-PYTHON_PATH_TESTS := tests/unit tests/process/test_proxy.py
+PYTHON_PATH_TESTS := tests/unit tests/process/test_http_server.py tests/process/test_upstream.py \
+	tests/process/test_proxy.py tests/process/test_admission.py tests/process/test_flow_router.py \
+	tests/process/test_auth_router.py tests/process/test_access_log.py
 pytest-python: install $(KUBECTL) $(PROMTOOL) $(REDIS_SERVER)
 	rm -rf $(PYTHON_SRC) && mkdir -p $(PYTHON_SRC) && cp -r src/headcount $(PYTHON_SRC)/
 	find $(PYTHON_SRC) -name '*.so' -delete

@@ -1,7 +1,8 @@
 """headcount's data plane, compiled ahead of time with mypyc.
 
-The request's path (`_http/`, `proxy/`, `flow/`) is typed Python that mypyc turns into C
-extension modules, one beside each source file; everything else stays interpreted. The
+The request's path (`_http/`, `proxy/`, `flow/` and the modules each request calls into,
+`COMPILED`) is typed Python that mypyc turns into C extension modules, one beside each
+source file; everything else stays interpreted. The
 sources remain the truth: Python imports a module's compiled form when it is there and its
 source otherwise, so the pure-Python path works anywhere and is tested too (`make test`
 runs both; docs/DEVELOPING.md says how).
@@ -18,7 +19,22 @@ from pathlib import Path
 
 from setuptools import setup
 
-COMPILED_PACKAGES = ("_http", "proxy", "flow")
+COMPILED = (
+    "_http/",
+    "proxy/",
+    "flow/",
+    "fleet/engine.py",  # an engine's load, counted by every request
+    "auth/keys.py",  # the key check and the tenant a key names
+    "auth/credentials.py",
+    "auth/tenants.py",
+    "surfaces/served.py",  # the request series, counted by every request
+    "surfaces/metrics.py",
+    "surfaces/access_log.py",
+)
+"""Below `src/headcount/`: whole packages (`/`) and single modules. A class that tests or
+other modules subclass stays interpreted (mypyc's classes cannot be subclassed from
+Python): the routing policies, `Fleet`. The Makefile rebuilds when a file of these
+packages changes: a module of another package needs its package named there too."""
 NOT_COMPILED = {"_http/errors.py"}
 """Its exception tree uses multiple inheritance, which mypyc's native classes do not have
 (and it is off the common path). Package markers (`__init__.py`) gain nothing either."""
@@ -26,12 +42,16 @@ NOT_COMPILED = {"_http/errors.py"}
 
 def compiled_sources() -> list[str]:
     """The source files mypyc compiles, relative to this file."""
-    root = Path(__file__).parent
+    package = Path(__file__).parent / "src" / "headcount"
+    paths = [
+        path
+        for entry in COMPILED
+        for path in ((package / entry).glob("*.py") if entry.endswith("/") else [package / entry])
+    ]
     return sorted(
-        str(path.relative_to(root))
-        for package in COMPILED_PACKAGES
-        for path in (root / "src" / "headcount" / package).glob("*.py")
-        if path.name != "__init__.py" and f"{package}/{path.name}" not in NOT_COMPILED
+        str(path.relative_to(Path(__file__).parent))
+        for path in paths
+        if path.name != "__init__.py" and str(path.relative_to(package)) not in NOT_COMPILED
     )
 
 
