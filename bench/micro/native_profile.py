@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.common.harness import OUT, BenchError, run_benchmark, say
@@ -102,18 +103,22 @@ def exclusive(path: Path) -> Counter[tuple[str, str]]:
     return costs
 
 
-def profile(
-    procs: Processes,
-    logs: Path,
-    name: str,
-    engines: list[str],
-    requests: int,
-    stream: bool,
-    extra: tuple[str, ...],
-) -> Counter[tuple[str, str]]:
+@dataclass(frozen=True)
+class Setup:
+    """What every profiled run of one kind shares: where it logs, what it routes to and sends."""
+
+    procs: Processes
+    logs: Path
+    engines: list[str]
+    stream: bool
+    extra: tuple[str, ...] = ()
+    """More `headcount serve` flags (the tenants file)."""
+
+
+def profile(setup: Setup, name: str, requests: int) -> Counter[tuple[str, str]]:
     """Exclusive instructions per (object, function) of a run proxying `requests` requests."""
     port = free_port()
-    out = logs / f"callgrind-{name}-{requests}.out"
+    out = setup.logs / f"callgrind-{name}-{requests}.out"
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -121,10 +126,11 @@ def profile(
         sys.executable,
         "-m",
         "headcount.cli",
-        *serve_flags(port, engines, extra),
+        *serve_flags(port, setup.engines, setup.extra),
     ]
+    procs = setup.procs
     router = procs.start(f"{name}-{requests}", command, port=port)
-    request = chat_request(stream)
+    request = chat_request(setup.stream)
     client, pending = first_answer(port, request, router, 300, "the router under callgrind")
     with client:
         send(client, request, pending, WARMUP + requests)
@@ -160,21 +166,10 @@ def report(title: str, per_request: dict[tuple[str, str], float], top: int) -> N
         print(f"| `{fn[:70]}` | {_library(obj)} | {cost:,.0f} |")
 
 
-def per_request(
-    procs: Processes,
-    logs: Path,
-    name: str,
-    engines: list[str],
-    requests: int,
-    stream: bool,
-    extra: tuple[str, ...] = (),
-) -> dict[tuple[str, str], float]:
+def per_request(setup: Setup, name: str, requests: int) -> dict[tuple[str, str], float]:
     """Each function's exclusive instructions per request: a long run less a short one."""
     short = requests // 3
-    runs = [
-        profile(procs, logs, f"{name}-{size}", engines, size, stream, extra)
-        for size in (short, requests)
-    ]
+    runs = [profile(setup, name, size) for size in (short, requests)]
     return {
         key: (runs[1][key] - runs[0].get(key, 0)) / (requests - short)
         for key in runs[1]
@@ -210,16 +205,14 @@ def main() -> int:
         urls = start_engines(procs)
         for kind in args.kind.split(","):
             say(f"{kind}: {args.requests // 3} and {args.requests} requests under callgrind")
-            stream = kind == "stream"
-            plain = per_request(procs, logs, kind, urls, args.requests, stream)
+            setup = Setup(procs, logs, urls, stream=kind == "stream")
+            plain = per_request(setup, kind, args.requests)
             report(f"headcount ({data_plane()} data plane), {kind}", plain, args.top)
             if args.flow:
                 tenants = logs / "tenants.toml"
                 tenants.write_text("[default]\n")
                 flow = (f"--tenants-file={tenants}",)
-                metered = per_request(
-                    procs, logs, f"{kind}-flow", urls, args.requests, stream, flow
-                )
+                metered = per_request(replace(setup, extra=flow), f"{kind}-flow", args.requests)
                 difference(plain, metered, args.top)
     return 0
 
