@@ -157,26 +157,20 @@ def start_engines(procs: Processes) -> list[str]:
     return urls
 
 
-def count(
+def under_valgrind(
     procs: Processes,
     name: str,
+    tool: tuple[str, ...],
     program: tuple[str, ...],
     engines: list[str],
     requests: int,
     stream: bool,
     extra: tuple[str, ...] = (),
-) -> int:
-    """The router's total instructions for a run that proxies `requests` requests."""
+) -> Proc:
+    """The router run under valgrind with `tool`'s flags through the warm-up and `requests`
+    requests, then shut down so that valgrind writes what it counted; the stopped process."""
     port = free_port()
-    command = [
-        "valgrind",
-        "--tool=cachegrind",
-        "--cache-sim=no",
-        "--trace-children=yes",
-        "--cachegrind-out-file=/dev/null",
-        *program,
-        *serve_flags(port, engines, extra),
-    ]
+    command = ["valgrind", *tool, *program, *serve_flags(port, engines, extra)]
     router = procs.start(f"{name}-{requests}", command, port=port)
     request = chat_request(stream)
     client, pending = first_answer(
@@ -189,6 +183,26 @@ def count(
     router.popen.send_signal(signal.SIGTERM)
     router.popen.wait(timeout=300)
     procs.stop(router)
+    return router
+
+
+def count(
+    procs: Processes,
+    name: str,
+    program: tuple[str, ...],
+    engines: list[str],
+    requests: int,
+    stream: bool,
+    extra: tuple[str, ...] = (),
+) -> int:
+    """The router's total instructions for a run that proxies `requests` requests."""
+    tool = (
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--trace-children=yes",
+        "--cachegrind-out-file=/dev/null",
+    )
+    router = under_valgrind(procs, name, tool, program, engines, requests, stream, extra)
     report = router.log_path.read_text(errors="replace")
     total = _TOTAL.search(report)
     if total is None:

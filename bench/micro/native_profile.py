@@ -26,7 +26,6 @@ import datetime
 import os
 import re
 import shutil
-import signal
 import sys
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -34,16 +33,8 @@ from pathlib import Path
 
 from bench.common.harness import OUT, BenchError, run_benchmark, say
 from bench.common.processes import Processes
-from bench.micro.instructions import (
-    WARMUP,
-    chat_request,
-    first_answer,
-    send,
-    serve_flags,
-    start_engines,
-)
+from bench.micro.instructions import start_engines, under_valgrind
 from headcount.compiled import data_plane
-from headcount.sim.loopback import free_port
 
 __all__: list[str] = []
 
@@ -117,26 +108,12 @@ class Setup:
 
 def profile(setup: Setup, name: str, requests: int) -> Counter[tuple[str, str]]:
     """Exclusive instructions per (object, function) of a run proxying `requests` requests."""
-    port = free_port()
     out = setup.logs / f"callgrind-{name}-{requests}.out"
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        "-m",
-        "headcount.cli",
-        *serve_flags(port, setup.engines, setup.extra),
-    ]
-    procs = setup.procs
-    router = procs.start(f"{name}-{requests}", command, port=port)
-    request = chat_request(setup.stream)
-    client, pending = first_answer(port, request, router, 300, "the router under callgrind")
-    with client:
-        send(client, request, pending, WARMUP + requests)
-    router.popen.send_signal(signal.SIGTERM)
-    router.popen.wait(timeout=300)
-    procs.stop(router)
+    tool = ("--tool=callgrind", f"--callgrind-out-file={out}")
+    program = (sys.executable, "-m", "headcount.cli")
+    router = under_valgrind(
+        setup.procs, name, tool, program, setup.engines, requests, setup.stream, setup.extra
+    )
     if not out.exists():
         raise BenchError(f"callgrind wrote no profile:\n{router.log_tail()}")
     return exclusive(out)
