@@ -2,10 +2,10 @@
 
 The request's path (`_http/`, `proxy/`, `flow/` and the modules each request calls into,
 `COMPILED`) is typed Python that mypyc turns into C extension modules, one beside each
-source file; everything else stays interpreted. The
-sources remain the truth: Python imports a module's compiled form when it is there and its
-source otherwise, so the pure-Python path works anywhere and is tested too (`make test`
-runs both; docs/DEVELOPING.md says how).
+source file; everything else stays interpreted. The sources remain the truth: Python
+imports a module's compiled form when it is there and its source otherwise, so the
+pure-Python path works anywhere and is tested too (`make test` runs both;
+docs/DEVELOPING.md says how).
 
 `pip install .` compiles (it needs a C compiler and Python's headers);
 `HEADCOUNT_PURE_PYTHON=1 pip install .` installs the sources alone. `make install` builds
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 COMPILED = (
     "_http/",
@@ -55,15 +55,13 @@ def compiled_sources() -> list[str]:
     )
 
 
-def extensions() -> list[object]:
+def extensions() -> list[Extension]:
     if os.environ.get("HEADCOUNT_PURE_PYTHON") == "1":
         return []
     from mypyc.build import mypycify
 
-    return list(
-        mypycify(
-            compiled_sources(), opt_level="3", target_dir=".cache/mypyc", group_name="headcount"
-        )
+    return mypycify(
+        compiled_sources(), opt_level="3", target_dir=".cache/mypyc", group_name="headcount"
     )
 
 

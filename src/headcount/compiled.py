@@ -12,7 +12,7 @@ import importlib.machinery
 import importlib.util
 from pathlib import Path
 
-__all__ = ["data_plane", "stale_compiled"]
+__all__ = ["data_plane", "source_of", "stale_compiled"]
 
 _PACKAGE = Path(__file__).parent
 _PROBE = "headcount._http.server"
@@ -28,12 +28,20 @@ def data_plane() -> str:
     return "python"
 
 
+def source_of(module_file: str | Path) -> Path:
+    """The source a module's file was compiled from (`x.cpython-311-….so` → `x.py`); a
+    source file is its own."""
+    path = Path(module_file)
+    return path.with_name(path.name.split(".", 1)[0] + ".py")
+
+
 def stale_compiled(package: Path = _PACKAGE) -> list[str]:
     """Compiled modules below `package` older than their source, as paths relative to it."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     stale = []
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        for compiled in package.rglob(f"*{suffix}"):
-            source = compiled.with_name(compiled.name.removesuffix(suffix) + ".py")
+    for compiled in package.rglob("*"):
+        if compiled.name.endswith(suffixes):
+            source = source_of(compiled)
             if source.exists() and source.stat().st_mtime > compiled.stat().st_mtime:
                 stale.append(str(source.relative_to(package)))
     return sorted(stale)

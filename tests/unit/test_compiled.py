@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from headcount.compiled import data_plane, stale_compiled
+from headcount.compiled import data_plane, source_of, stale_compiled
 
 EXPECTED = os.environ.get("HEADCOUNT_DATA_PLANE")
 DATA_PLANE_MODULES = (
@@ -47,3 +47,9 @@ def test_a_compiled_module_older_than_its_source_is_named(tmp_path: Path) -> Non
         os.utime(compiled, (now - compiled_age, now - compiled_age))
     (tmp_path / "proxy" / "only_source.py").write_text("")
     assert stale_compiled(tmp_path) == ["proxy/stale.py"]
+
+
+def test_a_compiled_module_names_the_source_it_came_from() -> None:
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    assert source_of(f"/a/b.c/server{suffix}") == Path("/a/b.c/server.py")
+    assert source_of("/a/server.py") == Path("/a/server.py")

@@ -6,11 +6,11 @@ import ast
 import importlib
 import importlib.util
 import pkgutil
-from pathlib import Path
 
 import pytest
 
 import headcount
+from headcount.compiled import source_of
 
 MODULES = sorted(
     info.name for info in pkgutil.walk_packages(headcount.__path__, prefix="headcount.")
@@ -26,8 +26,7 @@ def _source(name: str) -> str:
     docstring and no source of its own."""
     spec = importlib.util.find_spec(name)
     assert spec is not None and spec.origin is not None
-    origin = Path(spec.origin)
-    return origin.with_name(origin.name.split(".")[0] + ".py").read_text()
+    return source_of(spec.origin).read_text()
 
 
 def _docstring(name: str) -> str:

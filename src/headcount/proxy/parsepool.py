@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from headcount.compiled import source_of
 from headcount.log_limit import LogLimit
 from headcount.proxy import payload
 from headcount.proxy.fairqueue import FairQueue
@@ -63,7 +64,7 @@ _BOOT = (
 """Loads `payload.py` by path: importing the `headcount.proxy` package would load the whole
 data plane into every worker. Its source, even where mypyc compiled it: a compiled module
 answers only to its own name."""
-_PAYLOAD = str(Path(payload.__file__).resolve().with_name("payload.py"))
+_PAYLOAD = str(source_of(Path(payload.__file__).resolve()))
 _ROOT = str(Path(_PAYLOAD).parents[2])
 """Where `headcount` is imported from, for the key sources a worker imports."""
 _PIPE_SIZE = 1024 * 1024
