@@ -107,6 +107,10 @@ class ProxySettings:
     """Longest silence allowed between two bytes of an upstream response (long prefills)."""
     max_failovers: int = 2
     """Extra engines tried when one fails before its first response byte."""
+    stream_resume_limit: int = 2
+    """Times one broken stream is continued on another engine (`proxy/resume.py`): a rolling
+    update can move a long answer twice; a request that breaks every engine it reaches (a
+    poison prompt) stops after three. 0 turns resume off."""
     max_body_size: int = 32 * 1024 * 1024
     """Requests carry prompts and base64 images; 32 MiB bounds memory per request."""
     max_header_size: int = 64 * 1024
@@ -163,6 +167,8 @@ class ProxySettings:
     def __post_init__(self) -> None:
         if self.max_failovers < 0:
             raise ConfigError("--max-failovers must be 0 or more")
+        if self.stream_resume_limit < 0:
+            raise ConfigError("--stream-resume-limit must be 0 (off) or more")
         _require_positive(
             ("--connect-timeout", self.connect_timeout),
             ("--read-timeout", self.read_timeout),

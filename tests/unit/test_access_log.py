@@ -31,6 +31,7 @@ def entry(**changes: object) -> AccessEntry:
         "failovers": 0,
         "cut": False,
         "cached_tokens": None,
+        "resumed_from": None,
     }
     return AccessEntry(**{**fields, **changes})  # type: ignore[arg-type]
 
@@ -78,5 +79,5 @@ def test_the_text_is_logfmt_and_client_text_cannot_forge_a_field() -> None:
     assert text.startswith("request_id=r-1 method=POST path=/v1/chat/completions ")
     assert 'model="m\\" status=500\\nx" engine=e status=200 outcome=ok' in text
     assert "ttfb_ms=12.3 duration_ms=500.0 bytes_in=10 bytes_out=20 failovers=0" in text
-    assert text.endswith("cut=false cached_tokens=7")
+    assert text.endswith("cut=false cached_tokens=7 resumed_from=-")
     assert "\n" not in text

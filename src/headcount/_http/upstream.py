@@ -163,6 +163,11 @@ class UpstreamConnection(HeadReader[ResponseHead]):
         """Whether any byte of the response to the current request has arrived."""
         return self._received
 
+    @property
+    def last_read(self) -> float:
+        """When the response's last byte arrived (loop time; later, while the client paused)."""
+        return self._deadline - self._pool.read_timeout
+
     def send(self, request: bytes, listener: ResponseListener) -> None:
         """Write a whole request; `listener` hears about its response."""
         self._reset()

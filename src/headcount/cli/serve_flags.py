@@ -178,6 +178,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {proxy_d.max_failovers})",
     )
     proxy.add_argument(
+        "--stream-resume-limit",
+        type=int,
+        default=proxy_d.stream_resume_limit,
+        help="times a stream whose engine fails mid-answer is continued on another engine "
+        "from the text already sent; a rolling update can move a long answer twice, a "
+        "request that breaks every engine it reaches stops after three; 0: off "
+        f"(default {proxy_d.stream_resume_limit})",
+    )
+    proxy.add_argument(
         "--max-body-size",
         type=parse_size,
         default=proxy_d.max_body_size,
@@ -551,6 +560,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             connect_timeout=ns.connect_timeout,
             read_timeout=ns.read_timeout,
             max_failovers=ns.max_failovers,
+            stream_resume_limit=ns.stream_resume_limit,
             max_body_size=ns.max_body_size,
             max_buffered_body_bytes=ns.max_buffered_body_bytes,
             max_connections=ns.max_connections,

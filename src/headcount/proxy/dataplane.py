@@ -35,9 +35,9 @@ answer when it has one). The admin port answers every request from its head:
 neither a client without a key nor the admin port can take what keyed
 requests need.
 
-The proxy keeps, per engine, the exchanges still waiting for its first byte;
-when the fleet says an engine left rotation or the fleet, those fail over at
-once (`Exchange.engine_left`) instead of waiting out `--read-timeout`.
+Per engine, the proxy keeps the exchanges waiting for its first byte and
+those streaming from it: when it leaves rotation or the fleet, they fail over
+or resume elsewhere at once (`Exchange.engine_left`), not after `--read-timeout`.
 
 The request goes out with hop-by-hop headers dropped, `host` set to the engine,
 the engine key in place of the client's `Authorization` when keys are
@@ -153,6 +153,7 @@ class Proxy:
             fleet, policy, settings, self.upstreams, self._credentials, flow
         )
         self._waiting: dict[str, dict[Exchange, None]] = {}
+        self._streaming: dict[str, dict[Exchange, None]] = {}
         self._context = ExchangeContext(
             fleet=fleet,
             policy=policy,
@@ -166,6 +167,8 @@ class Proxy:
             stalls=StallWatch(settings.stalled_engine_timeout, self._waiting, fleet, metrics)
             if settings.stalled_engine_timeout
             else None,
+            resume_limit=settings.stream_resume_limit,
+            streaming=self._streaming,
         )
         limit = settings.connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._connections = ConnectionRegistry(
@@ -263,13 +266,14 @@ class Proxy:
             self.upstreams.drop(change.removed)
 
     def _engines_left(self, change: FleetChange) -> None:
-        """Requests waiting for a first byte from an engine that left fail over now."""
+        """Requests waiting on or streaming from an engine that left go elsewhere now."""
         snapshot = self.fleet.snapshot
         for removed, engine_ids in ((True, change.removed), (False, change.left)):
             for engine_id in engine_ids:
-                waiting = (self._waiting.pop if removed else self._waiting.get)(engine_id, None)
-                for exchange in list(waiting or ()):
-                    exchange.engine_left(snapshot, removed)
+                for held in (self._waiting, self._streaming):
+                    exchanges = (held.pop if removed else held.get)(engine_id, None)
+                    for exchange in list(exchanges or ()):
+                        exchange.engine_left(snapshot, removed)
 
     def _spawn(self, awaitable: Awaitable[None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(awaitable)

@@ -9,8 +9,14 @@ waits (`engine_left`: a request never waits on an engine known to be dead).
 Another 5xx answer (500, 504, ...) is tried once more, on another engine, to
 tell whose fault it is (below). A stale pooled connection is retried once on
 a fresh connection to the same engine, not counted as a failover. After the
-first byte nothing is retried; a broken stream closes the client connection,
-its chunked body left unterminated. The router's own exhaustion (no fd for a
+first byte a request is not retried whole; a streamed chat or text completion
+that breaks (the connection reset or closed, a malformed chunk, no byte within
+`--read-timeout`, its engine leaving the fleet or rotation) is resumed on
+another engine from the text already relayed, at most `resume_limit` times
+(`resume.py` says how and when it is refused; the `Transcript` keeps what
+was relayed, whole events only). A stream that is not resumed closes the
+client connection, its chunked body left unterminated (after an error event,
+when the stream was followed). The router's own exhaustion (no fd for a
 connection) is answered 503 at once and counted against no engine.
 
 Every attempt holds `engine.load.in_flight` from routing to its end, released
@@ -37,19 +43,21 @@ attempt's end by any path); the index hears `routed` at dispatch and
 
 Every request ends once, in `_end`: the metrics hear the status the client saw
 and how the answer ended (a stream that breaks after its 200 is `200`, outcome
-`cut`), and the access log (`access_log.py`) decides whether it gets a line.
+`cut`; one whole after a resume, `resumed`), and the access log
+(`access_log.py`) decides whether it gets a line.
 
 An exchange sees the proxy only through `ExchangeContext`: exactly what it uses.
-(Over 450 lines: one request's single end, every path through `_release`, is
-easier to check in one file than split.)
+(Over 450 lines: one request's single end, every path through `_release`, resumes
+included, is easier to check in one file than split.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headcount._http.errors import (
     Abandoned,
@@ -79,11 +87,20 @@ from headcount.proxy.errors import (
 )
 from headcount.proxy.headers import find_header, response_headers
 from headcount.proxy.metering import TappedResponder
+from headcount.proxy.resume import LIMIT, NO_ENGINE, UNREADABLE, Kind, Seam, continuation
 from headcount.proxy.stalls import StallWatch
+from headcount.proxy.transcript import Transcript
 from headcount.proxy.usage import UsageTap, usage_of
 from headcount.routing import Policy, RequestFeatures
 from headcount.surfaces.access_log import AccessEntry, AccessLog
-from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, Metrics, whole
+from headcount.surfaces.metrics import (
+    CLIENT_CLOSED,
+    CUT,
+    RESUME_FAILED,
+    RESUMED,
+    Metrics,
+    whole,
+)
 
 __all__ = ["CLIENT_CLOSED_STATUS", "Exchange", "ExchangeContext"]
 
@@ -99,6 +116,11 @@ _SUSPECT_5XX = "http_5xx"
 _BLAMELESS = (Abandoned, LookupFailed)
 """Failures that say nothing against the engine: not counted, never eject."""
 _RESOURCE_NAMES = {"fds": "file descriptors"}
+_KINDS: dict[bytes, Kind] = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion"}
+"""The answers a broken stream of which is resumed."""
+_RESUMABLE_BODY_MAX = 1024 * 1024
+"""A larger body is not read again on the loop to resume its stream (`large_body`)."""
+_LENGTH = b"content-length: "
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +142,11 @@ class ExchangeContext:
     access: AccessLog
     stalls: StallWatch | None = None
     """Told when requests start waiting on an engine; None: no stall watch."""
+    resume_limit: int = 0
+    """Resumes of one broken stream on another engine (`--stream-resume-limit`); 0: off."""
+    streaming: dict[str, dict[Exchange, None]] = field(default_factory=dict)
+    """Per engine id, the exchanges streaming a resumable answer from it: told, like the
+    waiting ones, when their engine leaves (`engine_left`)."""
 
 
 class Exchange:
@@ -138,6 +165,7 @@ class Exchange:
         "_engine",
         "_failovers",
         "_features",
+        "_gap_from",
         "_head_sent",
         "_last",
         "_loop",
@@ -145,14 +173,20 @@ class Exchange:
         "_paused",
         "_prefill",
         "_request_id",
+        "_resend",
         "_responder",
+        "_resumed_from",
+        "_seam",
+        "_seam_open",
         "_stale_retried",
         "_started",
         "_status",
+        "_streaming_in",
         "_suspect",
         "_task",
         "_ticket",
         "_timer",
+        "_transcript",
         "_tried",
         "_ttfb",
         "_waiting_in",
@@ -200,6 +234,13 @@ class Exchange:
         self._timer: asyncio.TimerHandle | None = None
         self._prefill: tuple[EngineLoad, int] | None = None
         self._ticket = ticket
+        self._transcript: Transcript | None = None
+        self._streaming_in: dict[Exchange, None] | None = None
+        self._seam: Seam | None = None
+        self._seam_open = False
+        self._resend: tuple[bytes, bytes, bytes] | None = None
+        self._resumed_from: list[str] = []
+        self._gap_from = 0.0
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -252,7 +293,7 @@ class Exchange:
 
     def _send(self, conn: UpstreamConnection, pool: UpstreamPool) -> None:
         self._conn = conn
-        line, tail, body = self._wire
+        line, tail, body = self._resend or self._wire
         conn.send(b"".join((line, pool.host_header, tail, body)), self)
         if self._paused:
             conn.pause_reading()
@@ -261,13 +302,19 @@ class Exchange:
         """Another engine for this request, if failovers remain and one is left untried."""
         if self._failovers >= self._context.max_failovers:
             return None
+        engine = self._untried()
+        if engine is not None:
+            self._failovers += 1
+        return engine
+
+    def _untried(self) -> Engine | None:
+        """The policy's choice among the model's candidates not tried yet, now tried."""
         tried = self._tried
         candidates = self._context.fleet.snapshot.candidates(self._features.model)
         remaining = [engine for engine in candidates if engine.id not in tried]
         policy = self._context.policy
         engine = policy.select(remaining, self._features) if remaining else None
         if engine is not None:
-            self._failovers += 1
             tried.append(engine.id)
             if self._ticket is not None:
                 self._ticket.moved(engine)
@@ -281,6 +328,10 @@ class Exchange:
         self._engine = None
         load = engine.load
         self._unwait(load)
+        streaming = self._streaming_in
+        if streaming is not None:
+            self._streaming_in = None
+            streaming.pop(self, None)
         load.in_flight -= 1
         if failed:
             load.failures += 1
@@ -308,19 +359,33 @@ class Exchange:
     # -- giving up on a silent engine ---------------------------------------------------------
 
     def engine_left(self, snapshot: Snapshot, removed: bool) -> None:
-        """The engine this attempt waits on left rotation (or the fleet, when `removed`):
-        fail over now, unless it is still a candidate for the model (panic routing) or its
-        answer has begun to arrive."""
+        """The engine this attempt waits on or streams from left rotation (or the fleet, when
+        `removed`): fail over now, or resume the stream elsewhere, unless it is still a
+        candidate for the model (panic routing)."""
         engine = self._engine
-        if self._done or engine is None or self._waiting_in is None:
+        streaming = self._streaming_in is not None
+        if self._done or engine is None or (self._waiting_in is None and not streaming):
             return
         if not removed and any(
             candidate.id == engine.id for candidate in snapshot.candidates(self._features.model)
         ):
             return
         what = "left the fleet" if removed else "left rotation"
+        if self._waiting_in is None:
+            self._break_stream(f"engine {engine.spec.name} {what} while streaming")
+            return
         reason = "engine_removed" if removed else "engine_left_rotation"
         self._abandon(Abandoned(f"engine {engine.spec.name} {what} before answering", reason))
+
+    def _break_stream(self, why: str) -> None:
+        """Stop reading a stream whose engine is gone, and resume it elsewhere."""
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            self._gap_from = conn.last_read
+            conn.cancel()
+        self._release(failed=False)
+        self._resume_or_cut(why)
 
     def stalled(self, message: str) -> None:
         """The engine this attempt waits on sent nobody a first byte for too long
@@ -360,9 +425,16 @@ class Exchange:
         self._bytes_out += len(body)
         try:
             if head is None:
-                self._responder.write(body, complete)
+                transcript = self._transcript
+                if transcript is None:
+                    self._responder.write(body, complete)
+                else:
+                    self._relay(transcript, body, complete)
             elif self._failed_over(head, complete):
                 return
+            elif self._head_sent:
+                if not self._continued(head, body, complete):
+                    return
             else:
                 self._ttfb = self._loop.time() - self._started
                 self._status = head.status
@@ -375,6 +447,8 @@ class Exchange:
                 if ticket is not None:
                     block += ticket.headers
                     self._meter(ticket, head, body, complete)
+                if not complete and head.status == 200 and self._context.resume_limit:
+                    body = self._follow(head, body)
                 self._responder.start(
                     head.status, head.reason, block, head.content_length, body, complete
                 )
@@ -383,9 +457,139 @@ class Exchange:
                 if engine is not None and self._status < 500:
                     engine.load.consecutive_errors = 0  # a whole answer: the engine works
                 self._release(failed=False)
-                self._end(self._status, whole(self._status))
+                self._end(self._status, RESUMED if self._resumed_from else whole(self._status))
         except Exception:
             self._crash()
+
+    # -- resuming a broken stream -------------------------------------------------------------
+
+    def _follow(self, head: ResponseHead, body: bytes) -> bytes:
+        """A 200 whose body is still coming: when it is a resumable stream, keep what is relayed
+        (whole events only) and hear if its engine leaves; the part of `body` to send now."""
+        if self._path not in _KINDS:
+            return body
+        content_type = find_header(head.headers, b"content-type")
+        if content_type is None or not content_type.lstrip().lower().startswith(
+            b"text/event-stream"
+        ):
+            return body
+        self._transcript = transcript = Transcript()
+        self._stream_from()
+        return transcript.relay(body)
+
+    def _stream_from(self) -> None:
+        """List this exchange under its engine's streams (`engine_left`)."""
+        engine = self._engine
+        if engine is not None:
+            streaming = self._context.streaming.get(engine.id)
+            if streaming is None:
+                streaming = self._context.streaming[engine.id] = {}
+            streaming[self] = None
+            self._streaming_in = streaming
+
+    def _relay(self, transcript: Transcript, body: bytes, complete: bool) -> None:
+        seam = self._seam
+        if seam is not None:
+            body = seam.rewrite(body)
+            if complete:
+                body += seam.rest()
+        body = transcript.relay(body)
+        if complete:
+            body += transcript.rest()
+        if body or complete:
+            self._responder.write(body, complete)
+
+    def _continued(self, head: ResponseHead, body: bytes, complete: bool) -> bool:
+        """The head of a continuation: relay its events after the client's, or, when it is no
+        stream (refused, failed), resume again or cut. False when the request went on."""
+        transcript = self._transcript
+        content_type = find_header(head.headers, b"content-type") or b""
+        if (
+            transcript is None
+            or head.status != 200
+            or not content_type.lstrip().lower().startswith(b"text/event-stream")
+        ):
+            conn = self._conn
+            self._conn = None
+            if conn is not None:  # None when the answer was complete: the connection is pooled
+                conn.cancel()
+            engine = self._engine
+            self._release(failed=head.status >= 500)
+            name = "?" if engine is None else engine.spec.name
+            self._resume_or_cut(f"engine {name} answered the continuation with {head.status}")
+            return False
+        self._seam_open = False
+        model = self._features.model
+        self._context.metrics.stream_resumed(model, RESUMED, self._loop.time() - self._gap_from)
+        self._stream_from()
+        self._relay(transcript, body, complete)
+        return True
+
+    def _resume_or_cut(self, why: str) -> None:
+        """The stream broke after its first byte (`why`): go on from its text on another
+        engine (`resume.py`), or cut it."""
+        context, model = self._context, self._features.model
+        if self._seam_open:
+            self._seam_open = False
+            context.metrics.stream_resumed(model, RESUME_FAILED)
+        transcript = self._transcript
+        if transcript is None:
+            self._responder.abort()
+            self._end(self._status, CUT)
+            return
+        if not self._gap_from:
+            self._gap_from = self._loop.time()
+        relayed = transcript.relayed()
+        planned: bytes | str
+        if len(self._resumed_from) >= context.resume_limit:
+            planned = LIMIT
+        elif transcript.broken:
+            planned = UNREADABLE
+        elif len(self._wire[2]) > _RESUMABLE_BODY_MAX:
+            planned = "large_body"
+        else:
+            planned = continuation(_KINDS[self._path], json.loads(self._wire[2]), relayed)
+        engine = None if isinstance(planned, str) else self._untried()
+        if isinstance(planned, str) or engine is None:
+            refused = planned if isinstance(planned, str) else NO_ENGINE
+            context.metrics.stream_resumed(model, "refused_" + refused)
+            _log.info(
+                "stream %s for model %r cut, not resumed (%s): %s",
+                self._request_id.decode("latin-1"),
+                model,
+                refused,
+                why,
+            )
+            self._cut(why)
+            return
+        failed = self._last
+        self._resumed_from.append("?" if failed is None else failed.spec.name)
+        carried = relayed.completion_tokens
+        self._seam = Seam(relayed.ids, carried)
+        self._seam_open = True
+        line, tail, _ = self._wire
+        tail = tail[: tail.rindex(_LENGTH)] + _LENGTH + b"%d\r\n\r\n" % len(planned)
+        self._resend = (line, tail, planned)
+        _log.info(
+            "stream %s for model %r resumed on engine %s after %s: %d tokens carried over "
+            "(resume %d of at most %d)",
+            self._request_id.decode("latin-1"),
+            model,
+            engine.spec.name,
+            why,
+            carried,
+            len(self._resumed_from),
+            context.resume_limit,
+        )
+        self._attempt(engine, fresh=True)
+
+    def _cut(self, why: str) -> None:
+        """End a stream that will not be resumed: an error event the client can read (it is
+        at an event boundary), then the connection closed with the body unterminated."""
+        answer = upstream_failed(GATEWAY_ERROR, why, len(self._tried))
+        self._responder.write(b"data: " + answer.body + b"\n\n", False)
+        self._responder.abort()
+        self._end(self._status, CUT)
 
     def _failed_over(self, head: ResponseHead, complete: bool) -> bool:
         """The head is here: the attempt waits no more, and its status feeds outlier detection
@@ -429,9 +633,12 @@ class Exchange:
         return True
 
     def on_upstream_error(self, error: UpstreamError) -> None:
+        conn = self._conn
         self._conn = None
         if self._done:
             return
+        if conn is not None and self._head_sent and not self._seam_open:
+            self._gap_from = conn.last_read
         try:
             self._recover(error)
         except Exception:
@@ -444,9 +651,10 @@ class Exchange:
         context = self._context
         if self._head_sent:
             self._release(failed=True)
+            if isinstance(error, ConnectFailed):  # a continuation's engine
+                context.fleet.eject(engine.id, f"connect failed: {error}")
             self._count_error(engine, GATEWAY_ERROR)
-            self._responder.abort()
-            self._end(self._status, CUT)
+            self._resume_or_cut(str(error))
             return
         if isinstance(error, StaleConnection) and not self._stale_retried:
             self._stale_retried = True
@@ -543,7 +751,9 @@ class Exchange:
         duration = self._loop.time() - self._started
         context, model = self._context, self._features.model
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)
-        if context.access.wants(status >= 500 or outcome == CUT or self._failovers > 0):
+        if context.access.wants(
+            status >= 500 or outcome == CUT or self._failovers > 0 or bool(self._resumed_from)
+        ):
             context.access.write(self._entry(status, outcome, duration))
 
     def _meter(self, ticket: Ticket, head: ResponseHead, body: bytes, complete: bool) -> None:
@@ -595,4 +805,5 @@ class Exchange:
             failovers=self._failovers,
             cut=outcome == CUT,
             cached_tokens=None if kv is None or engine is None else kv.predicted.get(engine.id, 0),
+            resumed_from=",".join(self._resumed_from) or None,
         )

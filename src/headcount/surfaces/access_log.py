@@ -1,7 +1,7 @@
 """The access log: one line per proxied request, sampled so a busy router can afford it.
 
 Logger `headcount.access`, at INFO. Every request that went wrong (a 5xx, a
-stream cut, a failover) gets a line; of the others, one in `round(1 / sample)`
+stream cut, a failover, a stream resumed) gets a line; of the others, one in `round(1 / sample)`
 does (`--access-log-sample`; 0 turns the log off, 1 logs every request). The
 sampling is decided first, by a countdown (no clock, no random draw), and only
 a request that is logged builds its `AccessEntry`; the text is formatted when a
@@ -9,12 +9,14 @@ handler writes it. The fields also travel as the record's `extra`, so a JSON
 formatter emits them as keys:
 
     request_id method path model engine status outcome ttfb_ms duration_ms
-    bytes_in bytes_out failovers cut cached_tokens
+    bytes_in bytes_out failovers cut cached_tokens resumed_from
 
 `engine` is the name of the engine that answered (or was tried last; `-` for a
 request no engine saw), `bytes_out` the response body bytes the client was
 sent, `cached_tokens` the route receipt's predicted cached prompt tokens
-(`kv-aware` only, else `-`).
+(`kv-aware` only, else `-`), `resumed_from` the engines a resumed stream
+broke on, comma-separated, in order (outcome `resumed`, or `cut` when the
+last continuation broke too; else `-`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class AccessEntry:
         "outcome",
         "path",
         "request_id",
+        "resumed_from",
         "status",
         "ttfb",
     )
@@ -65,6 +68,7 @@ class AccessEntry:
         failovers: int = 0,
         cut: bool = False,
         cached_tokens: int | None = None,
+        resumed_from: str | None = None,
     ) -> None:
         """The defaults are a request no engine saw."""
         self.request_id = request_id
@@ -81,6 +85,7 @@ class AccessEntry:
         self.failovers = failovers
         self.cut = cut
         self.cached_tokens = cached_tokens
+        self.resumed_from = resumed_from
 
     def fields(self) -> dict[str, Any]:
         """The entry as plain values (the record's `extra`): times in milliseconds."""
@@ -99,6 +104,7 @@ class AccessEntry:
             "failovers": self.failovers,
             "cut": self.cut,
             "cached_tokens": self.cached_tokens,
+            "resumed_from": self.resumed_from,
         }
 
     def __str__(self) -> str:

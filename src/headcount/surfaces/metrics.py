@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from headcount.clock import Clock
@@ -72,7 +72,12 @@ CUT = "cut"
 """The client got a status, then the body broke off (an engine's stream failed)."""
 CLIENT_CLOSED = "client_closed"
 """The client left before the response was whole."""
-OUTCOMES = (OK, ERROR, CUT, CLIENT_CLOSED)
+RESUMED = "resumed"
+"""The stream broke and was resumed on another engine, then reached the client whole (also
+the `outcome` of `headcount_stream_resumes_total` for each continuation that began)."""
+RESUME_FAILED = "failed"
+"""`headcount_stream_resumes_total`: a continuation that failed before its first event."""
+OUTCOMES = (OK, ERROR, CUT, CLIENT_CLOSED, RESUMED)
 """The `outcome` label of `headcount_requests_total`: how the answer ended, beside `code`."""
 
 
@@ -136,6 +141,22 @@ class Metrics:
             ["task"],
             registry=self.registry,
         )
+        self._resumes = Counter(
+            "headcount_stream_resumes",
+            "Broken streams continued on another engine (resumed), continuations that failed "
+            "before their first event (failed), and broken streams cut instead, by why "
+            "(refused_<reason>).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self._resume_gaps = Histogram(
+            "headcount_stream_resume_gap_seconds",
+            "The silence a client saw at a resumed stream's seam: from the last byte of the "
+            "engine that failed to the first of the next.",
+            ["model"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, int, str], tuple[Count, Latency, Latency]] = {}
         self._labelled: set[str] = set()
         """The models with series of their own."""
@@ -161,14 +182,18 @@ class Metrics:
             ttfb_series.observe(ttfb)
 
     def _series(self, model: str, code: str, outcome: str) -> tuple[Count, Latency, Latency]:
-        if model != UNKNOWN_MODEL:
-            if model not in self._labelled and len(self._labelled) >= self._max_models:
-                self._forget_unserved()
-            if model in self._labelled or len(self._labelled) < self._max_models:
-                self._labelled.add(model)
-            else:
-                model = OTHER_MODELS
-        return self._served.series(model, code, outcome)
+        return self._served.series(self._label(model), code, outcome)
+
+    def _label(self, model: str) -> str:
+        """`model`'s label: its own while `max_models` allows, else `other`."""
+        if model == UNKNOWN_MODEL:
+            return model
+        if model not in self._labelled and len(self._labelled) >= self._max_models:
+            self._forget_unserved()
+        if model in self._labelled or len(self._labelled) < self._max_models:
+            self._labelled.add(model)
+            return model
+        return OTHER_MODELS
 
     def _forget_unserved(self) -> None:
         """Remove the series of every labelled model no engine serves now."""
@@ -181,6 +206,14 @@ class Metrics:
     def rejected(self, code: int) -> None:
         """A request the HTTP layer refused before it was read whole (400, 413, 431...)."""
         self._served.count(UNKNOWN_MODEL, str(code), whole(code)).n += 1
+
+    def stream_resumed(self, model: str, outcome: str, gap: float | None = None) -> None:
+        """A broken stream's fate (`RESUMED`, `RESUME_FAILED`, `refused_<reason>`); `gap`,
+        the seconds its client heard nothing at the seam of a resumed one."""
+        label = self._label(model)
+        self._resumes.labels(label, outcome).inc()
+        if gap is not None:
+            self._resume_gaps.labels(label).observe(gap)
 
     def failover(self, reason: str) -> None:
         self._failovers.labels(reason).inc()
