@@ -430,3 +430,44 @@ async def test_with_resume_off_a_broken_stream_is_cut_as_before() -> None:
         received = await stream(setup, ASKED)
         assert received.broken and received.text == " one" and second.bodies == []
         assert not any("error" in chunk for chunk in received.events)
+
+
+def breaks_whole(body: bytes) -> Behaviour:
+    """An unstreamed answer cut after its first half."""
+
+    async def behave(conn: EngineConnection, _body: dict[str, Any]) -> None:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        await conn.send(head + b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2])
+        await conn.until_read()
+        reset(conn)
+
+    return behave
+
+
+def whole(body: bytes) -> Behaviour:
+    async def behave(conn: EngineConnection, _body: dict[str, Any]) -> None:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        await conn.send(head + b"content-length: %d\r\n\r\n%b" % (len(body), body))
+
+    return behave
+
+
+async def test_an_unstreamed_answer_broken_before_the_client_got_it_is_asked_again() -> None:
+    answer = json.dumps({"id": "chatcmpl-b", "choices": [{"message": {"content": "hi"}}]})
+    first = Scripted([breaks_whole(answer.encode())])
+    second = Scripted([whole(answer.encode())])
+    async with engines(first, second) as setup:
+        status, body, _ = await setup.routed.post(CHAT, ASKED)
+        assert status == 200 and body == json.loads(answer)
+        assert second.bodies == [ASKED]  # asked again as it was
+        outcome = "retried"
+        assert sample(setup, "headcount_stream_resumes_total", model=MODEL, outcome=outcome) == 1
+    off = ProxySettings(connect_timeout=1.0, read_timeout=5.0, stream_resume_limit=0)
+    first = Scripted([breaks_whole(answer.encode())])
+    second = Scripted([whole(answer.encode())])
+    async with engines(first, second, settings=off) as setup:
+        async with setup.routed.session.post(setup.routed.url + CHAT, json=ASKED) as response:
+            assert response.status == 200  # relayed as it came: then it broke
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.read()
+        assert second.bodies == []

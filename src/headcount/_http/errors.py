@@ -19,8 +19,9 @@ the boundary, so the proxy never inspects a foreign exception::
 What the proxy does with each: `ConnectFailed` ejects the engine and fails over;
 `NoResponse`, `FirstByteTimeout` and `Abandoned` fail over; `StaleConnection`
 retries once on a fresh connection to the same engine; `UpstreamTimeout`
-answers 504; `StreamBroken` is never retried: the engine may have done the
-work, and the client may have part of it. A connection that saw a
+answers 504; `StreamBroken` is not failed over: the client may have part of
+the answer (the proxy resumes a stream from it, or asks again for an answer it
+held whole, `proxy/exchange.py`). A connection that saw a
 `ProtocolViolation` is closed, never reused. The last three are not the
 engine's failure: `Abandoned` and `LookupFailed` fail over without counting
 against it, and `LocalResourceExhausted` is answered 503 at once (another engine

@@ -98,6 +98,7 @@ from headcount.surfaces.metrics import (
     CUT,
     RESUME_FAILED,
     RESUMED,
+    RETRIED,
     Metrics,
     whole,
 )
@@ -121,6 +122,9 @@ _KINDS: dict[bytes, Kind] = {b"/v1/chat/completions": "chat", b"/v1/completions"
 _RESUMABLE_BODY_MAX = 1024 * 1024
 """A larger body is not read again on the loop to resume its stream (`large_body`)."""
 _LENGTH = b"content-length: "
+_WHOLE_MAX = 1024 * 1024
+"""Bytes of an unstreamed answer held until it is whole (asked again if it breaks); a larger
+one is relayed as it comes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +194,8 @@ class Exchange:
         "_tried",
         "_ttfb",
         "_waiting_in",
+        "_whole",
+        "_whole_size",
         "_wire",
     )
 
@@ -241,6 +247,8 @@ class Exchange:
         self._resend: tuple[bytes, bytes, bytes] | None = None
         self._resumed_from: list[str] = []
         self._gap_from = 0.0
+        self._whole: tuple[ResponseHead, list[bytes]] | None = None
+        self._whole_size = 0
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -426,10 +434,12 @@ class Exchange:
         try:
             if head is None:
                 transcript = self._transcript
-                if transcript is None:
+                if transcript is not None:
+                    self._relay(transcript, body, complete)
+                elif self._whole is None:
                     self._responder.write(body, complete)
                 else:
-                    self._relay(transcript, body, complete)
+                    self._hold(body, complete)
             elif self._failed_over(head, complete):
                 return
             elif self._head_sent:
@@ -438,20 +448,10 @@ class Exchange:
             else:
                 self._ttfb = self._loop.time() - self._started
                 self._status = head.status
-                self._head_sent = True
-                block = response_headers(head.headers, self._request_id)
-                kv, engine = self._features.kv, self._engine
-                if kv is not None and engine is not None:
-                    block += kv.receipt(engine)
-                ticket = self._ticket
-                if ticket is not None:
-                    block += ticket.headers
-                    self._meter(ticket, head, body, complete)
                 if not complete and head.status == 200 and self._context.resume_limit:
                     body = self._follow(head, body)
-                self._responder.start(
-                    head.status, head.reason, block, head.content_length, body, complete
-                )
+                if self._whole is None:
+                    self._start(head, body, complete)
             if complete:
                 engine = self._engine
                 if engine is not None and self._status < 500:
@@ -461,21 +461,72 @@ class Exchange:
         except Exception:
             self._crash()
 
-    # -- resuming a broken stream -------------------------------------------------------------
+    def _start(self, head: ResponseHead, body: bytes, complete: bool) -> None:
+        """Send the client the head (and `body`, the answer's first part)."""
+        self._head_sent = True
+        block = response_headers(head.headers, self._request_id)
+        kv, engine = self._features.kv, self._engine
+        if kv is not None and engine is not None:
+            block += kv.receipt(engine)
+        ticket = self._ticket
+        if ticket is not None:
+            block += ticket.headers
+            self._meter(ticket, head, body, complete)
+        self._responder.start(head.status, head.reason, block, head.content_length, body, complete)
+
+    # -- resuming a broken answer -------------------------------------------------------------
 
     def _follow(self, head: ResponseHead, body: bytes) -> bytes:
-        """A 200 whose body is still coming: when it is a resumable stream, keep what is relayed
-        (whole events only) and hear if its engine leaves; the part of `body` to send now."""
+        """A 200 whose body is still coming. A stream is followed: what is relayed is kept
+        (whole events only) and its engine's leaving heard of; the part of `body` to send now
+        is returned. Any other answer is held whole (`_hold`): broken, it is asked again."""
         if self._path not in _KINDS:
             return body
         content_type = find_header(head.headers, b"content-type")
         if content_type is None or not content_type.lstrip().lower().startswith(
             b"text/event-stream"
         ):
+            self._whole = (head, [body])
+            self._whole_size = len(body)
             return body
         self._transcript = transcript = Transcript()
         self._stream_from()
         return transcript.relay(body)
+
+    def _hold(self, body: bytes, complete: bool) -> None:
+        """The next part of an answer held whole; sent once complete (or once too large to
+        hold: then it is relayed as it comes, and no longer asked again)."""
+        held = self._whole
+        if held is None:
+            return
+        head, parts = held
+        parts.append(body)
+        self._whole_size += len(body)
+        if complete or self._whole_size > _WHOLE_MAX:
+            self._whole = None
+            self._start(head, b"".join(parts), complete)
+
+    def _ask_again(self, why: str) -> bool:
+        """An answer held whole broke before the client got a byte: ask another engine for
+        it, within the resume limit. False when none is asked."""
+        context = self._context
+        engine = None if len(self._resumed_from) >= context.resume_limit else self._untried()
+        if engine is None:
+            return False
+        failed = self._last
+        self._resumed_from.append("?" if failed is None else failed.spec.name)
+        context.metrics.stream_resumed(self._features.model, RETRIED)
+        _log.info(
+            "answer %s for model %r asked again of engine %s after %s (%d of at most %d)",
+            self._request_id.decode("latin-1"),
+            self._features.model,
+            engine.spec.name,
+            why,
+            len(self._resumed_from),
+            context.resume_limit,
+        )
+        self._attempt(engine, fresh=True)
+        return True
 
     def _stream_from(self) -> None:
         """List this exchange under its engine's streams (`engine_left`)."""
@@ -655,6 +706,13 @@ class Exchange:
                 context.fleet.eject(engine.id, f"connect failed: {error}")
             self._count_error(engine, GATEWAY_ERROR)
             self._resume_or_cut(str(error))
+            return
+        if self._whole is not None:  # broken before the client got a byte: ask again
+            self._whole = None
+            self._release(failed=True)
+            self._count_error(engine, GATEWAY_ERROR)
+            if not self._ask_again(str(error)):
+                self._fail(upstream_failed(error.reason, str(error), len(self._tried)))
             return
         if isinstance(error, StaleConnection) and not self._stale_retried:
             self._stale_retried = True

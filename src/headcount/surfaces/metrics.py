@@ -45,6 +45,9 @@ __all__ = [
     "OK",
     "OTHER_MODELS",
     "OUTCOMES",
+    "RESUMED",
+    "RESUME_FAILED",
+    "RETRIED",
     "UNKNOWN_MODEL",
     "Metrics",
     "whole",
@@ -77,6 +80,9 @@ RESUMED = "resumed"
 the `outcome` of `headcount_stream_resumes_total` for each continuation that began)."""
 RESUME_FAILED = "failed"
 """`headcount_stream_resumes_total`: a continuation that failed before its first event."""
+RETRIED = "retried"
+"""`headcount_stream_resumes_total`: an unstreamed answer that broke before the client got
+any of it, asked again whole of another engine."""
 OUTCOMES = (OK, ERROR, CUT, CLIENT_CLOSED, RESUMED)
 """The `outcome` label of `headcount_requests_total`: how the answer ended, beside `code`."""
 
@@ -144,8 +150,8 @@ class Metrics:
         self._resumes = Counter(
             "headcount_stream_resumes",
             "Broken streams continued on another engine (resumed), continuations that failed "
-            "before their first event (failed), and broken streams cut instead, by why "
-            "(refused_<reason>).",
+            "before their first event (failed), broken streams cut instead, by why "
+            "(refused_<reason>), and unstreamed answers asked again whole (retried).",
             ["model", "outcome"],
             registry=self.registry,
         )
