@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -471,3 +472,36 @@ async def test_an_unstreamed_answer_broken_before_the_client_got_it_is_asked_aga
             with pytest.raises(aiohttp.ClientPayloadError):
                 await response.read()
         assert second.bodies == []
+
+
+async def test_a_stream_broken_after_its_done_event_ends_whole() -> None:
+    done = [*A.tokens([" one"], first=True), A.chunk(" two", finish="length"), b"data: [DONE]\n\n"]
+    first = Scripted([breaks(done)])
+    second = Scripted([answers(CONTINUATION)])
+    async with engines(first, second) as setup:
+        received = await stream(setup, ASKED)
+        assert_one_stream(received, " one two")
+        assert second.bodies == []
+        await wait_until(setup.routed.all_released, timeout=TIMEOUT)
+        code = {"model": MODEL, "code": "200"}
+        assert sample(setup, "headcount_requests_total", outcome="ok", **code) == 1
+
+
+async def test_a_resume_is_logged_once_and_its_access_line_names_the_engines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = Scripted([breaks(A.tokens([" one", " two"], first=True))])
+    second = Scripted([answers(CONTINUATION)])
+    caplog.set_level(logging.INFO)
+    async with engines(first, second) as setup:
+        await stream(setup, ASKED)
+        await wait_until(setup.routed.all_released, timeout=TIMEOUT)
+        broken, resumed_on = setup.routed.engine_ids[:2]
+    lines = [r.getMessage() for r in caplog.records if r.name == "headcount.proxy.exchange"]
+    assert len(lines) == 1
+    assert f"resumed on engine {resumed_on}" in lines[0]
+    assert "2 tokens carried over (resume 1 of at most 2)" in lines[0]
+    access = [r for r in caplog.records if r.name == "headcount.access"]
+    assert [(r.outcome, r.resumed_from, r.engine) for r in access] == [  # type: ignore[attr-defined]
+        ("resumed", broken, resumed_on)
+    ]

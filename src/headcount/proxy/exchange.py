@@ -591,6 +591,10 @@ class Exchange:
         if not self._gap_from:
             self._gap_from = self._loop.time()
         relayed = transcript.relayed()
+        if relayed.done:  # the client has `[DONE]`: only the body's framing is missing
+            self._responder.write(b"", True)
+            self._end(self._status, whole(self._status))
+            return
         planned: bytes | str
         if len(self._resumed_from) >= context.resume_limit:
             planned = LIMIT
