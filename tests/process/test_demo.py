@@ -33,5 +33,9 @@ async def test_the_demo_runs_by_itself_and_reports_zero_failures() -> None:
     assert sent and failed and truth, text[-3000:]
     assert int(sent.group(1)) > 0
     assert int(failed.group(1)) == 0, text[-3000:]
+    cut = re.search(r"cut mid-answer\s*[│|]\s*(\d+)", text)
+    resumed = re.search(r"resumed on another engine \(mid-answer\)\s*[│|]\s*(\d+)", text)
+    assert cut and resumed, text[-3000:]
+    assert int(cut.group(1)) == 0, text[-3000:]  # the crashing engine's streams resumed
     assert float(truth.group(1)) < 2.0
     assert "ghost engine-c gone" in text

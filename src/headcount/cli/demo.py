@@ -3,7 +3,8 @@
 An emulated API server holds three engine pods (simulated engines on
 127.0.0.11-13), and a real `headcount serve --discovery k8s-pods` process
 routes live traffic to them. Act 1 is steady traffic; in act 2 an engine dies
-before Kubernetes notices (failover, then the pod is deleted); in act 3 the
+before Kubernetes notices (the streams it was sending resume on the others,
+new requests fail over, then the pod is deleted); in act 3 the
 router is blinded (the API server refuses connections), a pod is deleted and
 its engine stopped while it cannot see, and the API comes back: the ghost
 disappears, with the time to truth measured and no request failed. A live
@@ -122,7 +123,7 @@ def _render(view: _View, traffic: Traffic) -> Group:
     )
     counts = Text(
         f"requests sent {traffic.sent}   ok {traffic.ok}   failed {traffic.failed}"
-        f"   cut by a crashing engine {traffic.cut}",
+        f"   cut mid-answer {traffic.cut}",
         style="bold red" if traffic.failed else "bold",
     )
     story = Panel("\n".join(view.story[-9:]), title=f"act: {view.act}")
@@ -144,7 +145,8 @@ async def _story(cluster: SimCluster, view: _View, act_seconds: float) -> float 
 
     view.act = "2. an engine dies before Kubernetes notices"
     await cluster.engines["engine-b"].set_fail_mode("refuse")
-    view.say("engine-b crashes: answers it had begun are cut; its pod still says Ready")
+    view.say("engine-b crashes: the streams it was sending resume on the others")
+    view.say("its pod still says Ready")
     await asyncio.sleep(act_seconds / 2)
     view.say("requests to engine-b fail over before the first byte; it leaves rotation")
     cluster.api.delete_pod(NAMESPACE, "engine-b")
@@ -187,7 +189,7 @@ async def _play(
             every=REQUEST_EVERY,
             poisson=True,
             stream_every=2,
-            max_tokens=8,
+            max_tokens=24,
             timeout=10.0,
             max_requests=MAX_REQUESTS,
             max_seconds=4 * act_seconds + 30,
@@ -225,16 +227,23 @@ async def run_demo(ns: argparse.Namespace) -> None:
                     console.print(router.log()[-3000:])
                     return
                 traffic, truth = await _play(cluster, router.url, view, console, act_seconds)
-                failovers = await router.client.metric_value("headcount_upstream_failovers_total")
-    _summary(console, traffic, int(failovers), truth)
+                client = router.client
+                failovers = await client.metric_value("headcount_upstream_failovers_total")
+                resumed = await client.metric_value(
+                    "headcount_stream_resumes_total", 'outcome="resumed"'
+                )
+    _summary(console, traffic, int(failovers), int(resumed), truth)
 
 
-def _summary(console: Console, traffic: Traffic, failovers: int, truth: float | None) -> None:
+def _summary(
+    console: Console, traffic: Traffic, failovers: int, resumed: int, truth: float | None
+) -> None:
     summary = Table(title="summary", show_header=False)
     summary.add_row("requests sent", str(traffic.sent))
     summary.add_row("requests failed", str(traffic.failed))
     summary.add_row("failed over (before the first byte)", str(failovers))
-    summary.add_row("cut mid-answer by the crashing engine (never retried)", str(traffic.cut))
+    summary.add_row("resumed on another engine (mid-answer)", str(resumed))
+    summary.add_row("cut mid-answer", str(traffic.cut))
     summary.add_row(
         "time to truth after the API came back",
         f"{truth:.2f} s" if truth is not None else "never (bug)",

@@ -65,12 +65,15 @@ class RouterClient:
             response.raise_for_status()
             return await response.text()
 
-    async def metric_value(self, name: str) -> float:
-        """The sum of every sample of metric `name` (all its label sets)."""
+    async def metric_value(self, name: str, label: str = "") -> float:
+        """The sum of the samples of metric `name` whose labels include `label` (`k="v"`;
+        empty: every label set)."""
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in (await self.metrics()).splitlines()
-            if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
+            if line.startswith(name)
+            and line[len(name) : len(name) + 1] in ("{", " ")
+            and label in line.rsplit(" ", 1)[0]
         )
 
     async def chat(self, model: str, *, max_tokens: int = 2) -> tuple[int, dict[str, Any]]:

@@ -29,7 +29,8 @@ class Traffic:
     sent: int = 0
     ok: int = 0
     cut: int = 0
-    """Answers begun and then broken off (an engine died in them): never retried, by design."""
+    """Answers begun and then broken off: an engine died in them and the router did not
+    resume them."""
     failures: list[str] = field(default_factory=list)
     """Each request that got no answer or an error status, spelled out."""
 
