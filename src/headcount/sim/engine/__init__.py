@@ -22,6 +22,12 @@ in usage and metrics, shows its blocks under `/sim/kv-cache`, and sends block ev
 `KvEventSink`. It also serves `/tokenize`, vLLM's render routes and the info
 routes peer routers read (`tokenize_api`).
 
+An answer continues its request's text: each token is a hash of the three
+before it (`tokens`), so a request resumed after k tokens of an answer (an
+assistant message holding them with `continue_final_message`, or the prompt
+followed by them) goes on, on any engine, with exactly the rest of it;
+`tokens.answer_text` computes an answer from a request body.
+
 Failure modes (`FailMode`), switchable at runtime, also over `POST /sim/fail-mode`:
 
 - `none`: healthy.

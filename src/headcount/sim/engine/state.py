@@ -65,7 +65,7 @@ class EngineState:
         if caching is None:
             return Run(generation)
         lora = generation.model if generation.model != self.config.model else None
-        outputs = output_ids(self.tokenizer, generation.max_tokens)
+        outputs = output_ids(self.tokenizer, generation.context, generation.max_tokens)
         seq = caching.kv.sequence(generation.prompt_ids, outputs, lora)
         if not caching.kv.fits_ever(seq):
             raise bad_request("the prompt and max_tokens need more KV blocks than the engine has")
