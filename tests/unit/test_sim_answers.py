@@ -67,8 +67,8 @@ def streamed_text(generation: Generation) -> str:
 
 
 def whole_text(generation: Generation) -> str:
-    (choice,) = completion_body(generation, "1", "engine-a", None)["choices"]
-    assert isinstance(choice, dict)
+    body = json.loads(json.dumps(completion_body(generation, "1", "engine-a", None)))
+    (choice,) = body["choices"]
     return str(choice["text"] if generation.kind == "completion" else choice["message"]["content"])
 
 
@@ -108,7 +108,11 @@ def test_a_completion_resumed_after_k_tokens_goes_on_with_the_rest(k: int) -> No
 
 
 def test_the_engine_answers_a_request_with_its_answer_text() -> None:
-    for body, kind in (({"messages": MESSAGES}, "chat"), ({"prompt": PROMPT}, "completion")):
+    requests: list[tuple[dict[str, Any], Kind]] = [
+        ({"messages": MESSAGES}, "chat"),
+        ({"prompt": PROMPT}, "completion"),
+    ]
+    for body, kind in requests:
         generation = parsed({**body, "max_tokens": 9}, kind)
         assert streamed_text(generation) == whole_text(generation) == answer_text(body, kind, 9)
 
