@@ -27,7 +27,8 @@ An answer continues its request's text: each token is a hash of the three
 before it (`tokens`), so a request resumed after k tokens of an answer (an
 assistant message holding them with `continue_final_message`, or the prompt
 followed by them) goes on, on any engine, with exactly the rest of it;
-`tokens.answer_text` computes an answer from a request body.
+`answer_text(body, "chat" | "completion", tokens)` computes an answer's start
+from a request body, as a router's test or a benchmark expects it.
 
 Failure modes (`FailMode`), switchable at runtime, also over `POST /sim/fail-mode`
 (`{"mode": "die-mid-stream", "after_chunks": 5}`; `after_chunks` only with the
@@ -85,6 +86,7 @@ from headcount.sim.engine.cli import (
 from headcount.sim.engine.config import FAIL_MODES, EngineSimConfig, FailMode
 from headcount.sim.engine.server import SimEngine, running_engine, start_engine
 from headcount.sim.engine.timebase import Timebase
+from headcount.sim.engine.tokens import answer_text
 
 __all__ = [
     "FAIL_MODES",
@@ -93,6 +95,7 @@ __all__ = [
     "SimEngine",
     "Timebase",
     "add_arguments",
+    "answer_text",
     "config_from_args",
     "running_engine",
     "serve_forever",
