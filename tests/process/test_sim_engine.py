@@ -437,8 +437,9 @@ async def test_die_mid_stream_breaks_streams_after_two_chunks(
                 if line.strip():
                     received.append(line)
     assert len(received) == 2 and b"[DONE]" not in b"".join(received)
-    with pytest.raises(aiohttp.ServerDisconnectedError):
+    with pytest.raises(aiohttp.ClientOSError) as reset:  # RST: tests/process/test_sim_resume.py
         await session.post(f"{engine.url}/v1/chat/completions", json=chat_request())
+    assert reset.value.errno == errno.ECONNRESET
     assert engine.stats()["served"] == 0
 
 

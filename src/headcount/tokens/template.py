@@ -30,7 +30,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from headcount.tokens.errors import ChatTemplateError
 
-__all__ = ["ChatTemplate"]
+__all__ = ["ChatTemplate", "text_of_parts"]
 
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 """transformers' marker for the end of the message to continue."""
@@ -99,6 +99,17 @@ def _cut_at_tag(rendered: str, final: str) -> str:
     return rendered[:at].rstrip()
 
 
+def text_of_parts(parts: Sequence[object]) -> str:
+    """A list of content parts as a string template sees it (vLLM's "string" content
+    format): its text parts, joined by newlines."""
+    return "\n".join(
+        part["text"]
+        for part in parts
+        if isinstance(part, dict) and part.get("type", "text") == "text"
+        if isinstance(part.get("text"), str)
+    )
+
+
 def _prepared(message: object) -> dict[str, Any]:
     """One message as the template sees it: a new dict, so marking it leaves the caller's alone."""
     if not isinstance(message, dict):
@@ -106,12 +117,7 @@ def _prepared(message: object) -> dict[str, Any]:
     prepared = {key: value for key, value in message.items() if value is not None}
     content = prepared.get("content")
     if isinstance(content, list):
-        prepared["content"] = "\n".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and part.get("type", "text") == "text"
-            if isinstance(part.get("text"), str)
-        )
+        prepared["content"] = text_of_parts(content)
     reasoning = next((prepared[key] for key in _REASONING_FIELDS if key in prepared), None)
     if reasoning is not None:
         prepared = {"thinking": reasoning, **prepared, "reasoning_content": reasoning}

@@ -11,15 +11,17 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from headcount.sim.engine.config import FAIL_MODES, FailMode
+from headcount.sim.engine.config import FAIL_MODES, MID_STREAM_MODES, FailMode
+from headcount.sim.engine.failures import check
 from headcount.sim.engine.parsing import parse_object
 from headcount.sim.engine.state import EngineState
 from headcount.sim.engine.wire import JSON, RequestError, bad_request, json_bytes
 
 __all__ = ["FailModeSwitch", "SimAdmin"]
 
-FailModeSwitch = Callable[[FailMode, web.RequestHandler | None], Awaitable[None]]
-"""Switch the engine's fail mode; `refuse` drops every connection but the one given."""
+FailModeSwitch = Callable[[FailMode, int | None, web.RequestHandler | None], Awaitable[None]]
+"""Switch the engine's fail mode, with the mid-stream modes' chunk count (None: the
+config's); `refuse` drops every connection but the one given."""
 
 
 class SimAdmin:
@@ -37,18 +39,28 @@ class SimAdmin:
         ]
 
     async def _fail_mode(self, request: web.Request) -> web.Response:
+        """`{"mode": ...}`, and for a mid-stream mode optionally `"after_chunks": N`; the
+        answer says the mode and, for those, the chunk count in force."""
         try:
-            mode = _parse_fail_mode(parse_object(await request.read()).get("mode"))
+            body = parse_object(await request.read())
+            mode = _parse_fail_mode(body.get("mode"))
+            after_chunks = body.get("after_chunks")
+            check(mode, after_chunks)
         except RequestError as error:
             return error.response()
-        response = web.Response(body=json_bytes({"mode": mode}), content_type=JSON)
+        except ValueError as error:
+            return bad_request(str(error)).response()
         if mode == "refuse":
+            response = web.Response(body=json_bytes({"mode": mode}), content_type=JSON)
             # This connection must live long enough to carry the answer, then close.
-            await self._switch_fail_mode(mode, request.protocol)
+            await self._switch_fail_mode(mode, after_chunks, request.protocol)
             response.force_close()
-        else:
-            await self._switch_fail_mode(mode, None)
-        return response
+            return response
+        await self._switch_fail_mode(mode, after_chunks, None)
+        answer: dict[str, object] = {"mode": mode}
+        if mode in MID_STREAM_MODES:
+            answer["after_chunks"] = self._state.failures.after_chunks
+        return web.Response(body=json_bytes(answer), content_type=JSON)
 
     async def _adapters(self, request: web.Request) -> web.Response:
         try:

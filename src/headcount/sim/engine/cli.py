@@ -69,6 +69,13 @@ def _above(kind: Callable[[str], N], low: N) -> Callable[[str], N]:
     return parse
 
 
+def _at_least_zero(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
+    return number
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine simulator's command-line options, defaults from `EngineSimConfig`."""
     defaults = EngineSimConfig()
@@ -95,8 +102,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=lowercase,
         choices=FAIL_MODES,
         default=defaults.fail_mode,
-        help=f"how the engine misbehaves; changed at run time by POST /sim/fail-mode "
-        f"(default {defaults.fail_mode})",
+        help="how the engine misbehaves, changed at run time by POST /sim/fail-mode: "
+        "refuse (connects get ECONNREFUSED), hang (nothing answers), stall (generation "
+        "stops, probes answer), die-mid-stream (streams reset after --die-after-chunks "
+        "chunks, whole answers instead of being sent), truncate-mid-stream (half the "
+        "next chunk, then FIN with no last HTTP chunk; half a whole answer), "
+        "stall-mid-stream (streams send nothing more until the mode changes, all else "
+        f"answers), http-500 (the API answers 500) (default {defaults.fail_mode})",
+    )
+    parser.add_argument(
+        "--die-after-chunks",
+        type=_at_least_zero,
+        default=defaults.die_after_chunks,
+        metavar="N",
+        help="chunks a stream sends before a *-mid-stream fail mode breaks it "
+        f"(default {defaults.die_after_chunks})",
     )
     parser.add_argument(
         "--max-running",
@@ -172,6 +192,7 @@ def _config(ns: argparse.Namespace) -> EngineSimConfig:
         adapters=tuple(ns.adapters),
         token_delay=ns.token_delay,
         fail_mode=ns.fail_mode,
+        die_after_chunks=ns.die_after_chunks,
         max_running=ns.max_running,
         name=ns.name,
         legacy_metrics=ns.legacy_metrics,

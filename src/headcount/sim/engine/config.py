@@ -8,10 +8,23 @@ from typing import Literal, get_args
 
 from headcount.sim.engine.kv_events_config import KvEventsConfig
 
-__all__ = ["FAIL_MODES", "EngineSimConfig", "FailMode"]
+__all__ = ["FAIL_MODES", "MID_STREAM_MODES", "EngineSimConfig", "FailMode"]
 
-FailMode = Literal["none", "refuse", "hang", "stall", "die-mid-stream", "http-500"]
+FailMode = Literal[
+    "none",
+    "refuse",
+    "hang",
+    "stall",
+    "die-mid-stream",
+    "truncate-mid-stream",
+    "stall-mid-stream",
+    "http-500",
+]
 FAIL_MODES: tuple[FailMode, ...] = get_args(FailMode)
+MID_STREAM_MODES: frozenset[FailMode] = frozenset(
+    {"die-mid-stream", "truncate-mid-stream", "stall-mid-stream"}
+)
+"""The modes that break a stream after `die_after_chunks` chunks."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +40,8 @@ class EngineSimConfig:
     token_delay: float = 0.0
     """Seconds per generated token, the first one included."""
     fail_mode: FailMode = "none"
+    die_after_chunks: int = 2
+    """Chunks a stream sends before a mid-stream mode (`MID_STREAM_MODES`) breaks it."""
     max_running: int | None = None
     """Requests generating at once; the rest wait. None: no limit."""
     name: str | None = None
@@ -51,6 +66,8 @@ class EngineSimConfig:
     def __post_init__(self) -> None:
         if self.fail_mode not in FAIL_MODES:
             raise ValueError(f"fail_mode must be one of {', '.join(FAIL_MODES)}")
+        if self.die_after_chunks < 0:
+            raise ValueError("die_after_chunks must be at least 0")
         if self.max_running is not None and self.max_running < 1:
             raise ValueError("max_running must be at least 1 (or None for no limit)")
         if self.token_delay < 0 or not math.isfinite(self.token_delay):

@@ -16,7 +16,7 @@ import os
 
 from aiohttp import web
 
-from headcount.sim.engine.failures import die
+from headcount.sim.engine.failures import break_answer, break_stream
 from headcount.sim.engine.parsing import (
     Kind,
     embedding_inputs,
@@ -89,21 +89,23 @@ class OpenAiApi:
                 return await self._stream(request, run)
             return await self._complete(request, run)
 
-    async def _complete(self, request: web.Request, run: Run) -> web.Response:
+    async def _complete(self, request: web.Request, run: Run) -> web.StreamResponse:
         done = 0
         for tokens in run.checkpoints():
             await run.generated(tokens)  # their blocks first, as vLLM schedules a step
             await self._pace(tokens - done)
             done = tokens
-        response = web.Response(content_type=JSON)
-        if self._state.failures.mode == "die-mid-stream":
-            die(request)
-            return response
         response_id = self._response_id(request)
         body = completion_body(run.generation, response_id, self._state.name, run.cached_tokens)
-        response.body = json_bytes(body)
+        return await self._answer(request, json_bytes(body))
+
+    async def _answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """A whole answer, sent, or broken by a mid-stream fail mode."""
+        broken = self._state.failures.whole_answer_break()
+        if broken is not None:
+            return await break_answer(request, broken, body)
         self._state.served += 1
-        return response
+        return web.Response(body=body, content_type=JSON)
 
     async def _stream(self, request: web.Request, run: Run) -> web.StreamResponse:
         generation = run.generation
@@ -117,10 +119,8 @@ class OpenAiApi:
         try:
             await response.prepare(request)
             if self._state.config.token_delay or self._state.failures.mode != "none":
-                if not await self._stream_tokens(response, run, frames):
-                    die(request)
+                if not await self._stream_tokens(request, response, run, frames, ending):
                     return response
-                await response.write(ending)
             else:
                 # Tokens that take no time are all ready at once, so they leave in one write.
                 await run.generated(generation.max_tokens)
@@ -133,18 +133,29 @@ class OpenAiApi:
         return response
 
     async def _stream_tokens(
-        self, response: web.StreamResponse, run: Run, frames: ChunkFrames
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        run: Run,
+        frames: ChunkFrames,
+        ending: bytes,
     ) -> bool:
-        """Write each token as it is generated; False when the engine must die instead."""
+        """Write each token as it is generated, then `ending`; False when a mid-stream fail
+        mode broke the stream instead."""
         failures = self._state.failures
         tokens = run.generation.max_tokens
-        for index in range(tokens):
-            await run.generated(index + 1)
-            await self._pace(1)
-            if failures.dying(index):
+        for index in range(tokens + 1):
+            chunk = ending
+            if index < tokens:
+                await run.generated(index + 1)
+                await self._pace(1)
+                chunk = frames.chunk(index, index == tokens - 1)
+            broken = await failures.mid_stream(index)
+            if broken is not None:
+                await break_stream(request, response, broken, chunk)
                 return False
-            await response.write(frames.chunk(index, index == tokens - 1))
-        return not failures.dying(tokens)
+            await response.write(chunk)
+        return True
 
     async def _pace(self, tokens: int) -> None:
         """The time `tokens` tokens take to generate, stretched by a hang or a stall, counting
@@ -166,7 +177,7 @@ class OpenAiApi:
             refusal = await self._state.failures.refusal(generation=True)
             return refusal or await self._embed(request)
 
-    async def _embed(self, request: web.Request) -> web.Response:
+    async def _embed(self, request: web.Request) -> web.StreamResponse:
         state = self._state
         try:
             body = parse_object(await request.read())
@@ -177,14 +188,8 @@ class OpenAiApi:
             )
         except RequestError as error:
             return error.response()
-        response = web.Response(content_type=JSON)
-        if state.failures.mode == "die-mid-stream":
-            die(request)
-            return response
         answer = embeddings_body(model, inputs, self._response_id(request), state.name, tokens)
-        response.body = json_bytes(answer)
-        state.served += 1
-        return response
+        return await self._answer(request, json_bytes(answer))
 
     def _response_id(self, request: web.Request) -> str:
         return request.headers.get(REQUEST_ID) or f"{self._id_prefix}{next(self._ids):x}"

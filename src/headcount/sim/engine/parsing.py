@@ -2,7 +2,8 @@
 
 A malformed body or an unknown model gets vLLM's status and error type (400
 BadRequestError, 404 NotFoundError), never a generation. The prompt becomes
-token ids (`prompts`); `max_completion_tokens` counts as `max_tokens` for chats.
+token ids (`prompts`), and its text's last tokens the context the answer
+continues (`tokens`); `max_completion_tokens` counts as `max_tokens` for chats.
 `stream_options` reads as vLLM's pydantic model does: an object without
 `include_usage` asks for usage (its default), `continuous_usage_stats` counts
 only with it, and options on a request that does not stream are refused.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headcount.sim.engine.prompts import chat_prompt_ids, completion_prompt_ids
+from headcount.sim.engine.tokens import EMPTY_CONTEXT, Context, request_context
 from headcount.sim.engine.wire import RequestError, bad_request
 from headcount.tokens import ChatTokenizer
 
@@ -46,6 +48,8 @@ class Generation:
     prompt_ids: Sequence[int]
     continuous_usage: bool = False
     """Usage on every chunk too (`stream_options.continuous_usage_stats`)."""
+    context: Context = EMPTY_CONTEXT
+    """The end of the request's text, which the answer continues (`tokens`)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -98,6 +102,7 @@ def parse_generation(
         include_usage=include_usage,
         prompt_ids=prompt_ids,
         continuous_usage=continuous_usage,
+        context=request_context(body, kind),
     )
 
 

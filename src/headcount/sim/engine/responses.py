@@ -1,8 +1,9 @@
 """The bodies the engine answers with, shaped as vLLM's: completions, stream chunks, embeddings.
 
 Streams are the hot path of the router's benchmarks, so a chunk is prebuilt
-bytes around a prebuilt token: two joins, no JSON encoding per token (unless
-the request asks for usage on every chunk, `continuous_usage_stats`).
+bytes around a prebuilt token (the request's own answer, `tokens.answer_json`):
+two joins, no JSON encoding per token (unless the request asks for usage on
+every chunk, `continuous_usage_stats`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from headcount.sim.engine.parsing import Generation, Kind
-from headcount.sim.engine.tokens import TOKEN_JSON, text
+from headcount.sim.engine.tokens import answer, answer_json
 from headcount.sim.engine.wire import json_bytes
 
 __all__ = [
@@ -52,7 +53,7 @@ def completion_body(
     generation: Generation, response_id: str, name: str, cached_tokens: int | None
 ) -> dict[str, object]:
     """A whole (non-streamed) chat or text completion, from engine `name`."""
-    content = text(generation.max_tokens)
+    content = answer(generation.context, generation.max_tokens)
     choice: dict[str, object] = {"index": 0}
     if generation.kind == "chat":
         choice["message"] = {"role": "assistant", "content": content, "tool_calls": []}
@@ -72,7 +73,8 @@ def completion_body(
 
 @dataclass(frozen=True, slots=True)
 class ChunkFrames:
-    """Prebuilt bytes around each token of one stream, so a chunk is two joins.
+    """Prebuilt bytes around each of one stream's `tokens` (JSON strings), so a chunk is
+    two joins.
 
     A chunk ends with `close`: a chat chunk has no `usage` (vLLM leaves unset
     fields out), a completion chunk has `"usage":null` (vLLM writes them all);
@@ -84,10 +86,17 @@ class ChunkFrames:
     suffix: bytes
     last_suffix: bytes
     close: bytes
+    tokens: tuple[bytes, ...]
     continuous_prompt: int | None = None
 
     @classmethod
-    def build(cls, kind: Kind, head: bytes, continuous_prompt: int | None = None) -> ChunkFrames:
+    def build(
+        cls,
+        kind: Kind,
+        head: bytes,
+        tokens: tuple[bytes, ...],
+        continuous_prompt: int | None = None,
+    ) -> ChunkFrames:
         tail = b',"logprobs":null,"finish_reason":%s,"stop_reason":null}]'
         if kind == "chat":
             close = b"}\n\n"
@@ -97,6 +106,7 @@ class ChunkFrames:
                 suffix=b"}" + tail % b"null" + close,
                 last_suffix=b"}" + tail % b'"length"' + close,
                 close=close,
+                tokens=tokens,
                 continuous_prompt=continuous_prompt,
             )
         close = b',"usage":null}\n\n'
@@ -106,12 +116,13 @@ class ChunkFrames:
             tail % b"null" + close,
             tail % b'"length"' + close,
             close,
+            tokens,
             continuous_prompt,
         )
 
     def chunk(self, index: int, last: bool) -> bytes:
         prefix = self.first_prefix if index == 0 else self.prefix
-        token = TOKEN_JSON[index % len(TOKEN_JSON)]
+        token = self.tokens[index]
         suffix = self.last_suffix if last else self.suffix
         prompt = self.continuous_prompt
         if prompt is None:
@@ -137,7 +148,11 @@ def stream_head(generation: Generation, response_id: str, name: str) -> tuple[by
     }
     head = b"data: " + json_bytes(fields)[:-1] + b","
     continuous = generation.prompt_tokens if generation.continuous_usage else None
-    return head, ChunkFrames.build(generation.kind, head + b'"choices":[{"index":0,', continuous)
+    tokens = answer_json(generation.context, generation.max_tokens)
+    frames = ChunkFrames.build(
+        generation.kind, head + b'"choices":[{"index":0,', tokens, continuous
+    )
+    return head, frames
 
 
 def _embedding(value: object) -> list[float]:

@@ -16,6 +16,7 @@ from aiohttp import web
 from headcount.sim.engine.admin import SimAdmin
 from headcount.sim.engine.apikey import require_api_key
 from headcount.sim.engine.config import EngineSimConfig, FailMode
+from headcount.sim.engine.failures import check
 from headcount.sim.engine.kv_admin import KvAdmin
 from headcount.sim.engine.kv_events_api import KvEventsApi
 from headcount.sim.engine.kv_publisher import KvEventPublisher
@@ -66,9 +67,18 @@ class SimEngine:
     def fail_mode(self) -> FailMode:
         return self._state.failures.mode
 
-    async def set_fail_mode(self, mode: FailMode) -> None:
-        """Switch failure mode; `refuse` closes socket and connections, others listen again."""
-        await self._switch_fail_mode(mode, None)
+    @property
+    def after_chunks(self) -> int:
+        """Chunks a stream sends before a mid-stream fail mode breaks it."""
+        return self._state.failures.after_chunks
+
+    async def set_fail_mode(self, mode: FailMode, *, after_chunks: int | None = None) -> None:
+        """Switch failure mode; `refuse` closes socket and connections, others listen again.
+
+        `after_chunks`, for the mid-stream modes only: the chunks a stream sends before
+        it breaks (None: `config.die_after_chunks`). `ValueError` if it does not fit."""
+        check(mode, after_chunks)
+        await self._switch_fail_mode(mode, after_chunks, None)
 
     def set_adapters(self, adapters: list[str]) -> None:
         """Replace the LoRA adapters listed by `/v1/models` and accepted as `model`."""
@@ -162,10 +172,13 @@ class SimEngine:
             if handler is not keep:
                 handler.force_close()
 
-    async def _switch_fail_mode(self, mode: FailMode, keep: web.RequestHandler | None) -> None:
+    async def _switch_fail_mode(
+        self, mode: FailMode, after_chunks: int | None, keep: web.RequestHandler | None
+    ) -> None:
         """`refuse` stops listening and drops every connection but `keep`; any other mode
         listens again, unless stopping."""
-        self._state.failures.switch(mode)
+        chunks = self.config.die_after_chunks if after_chunks is None else after_chunks
+        self._state.failures.switch(mode, chunks)
         if mode == "refuse":
             self._stop_listening()
             self._drop_connections(keep)

@@ -35,7 +35,7 @@ class EngineState:
         self.name = config.name or ""
         """`config.name`, or `host:port` once listening."""
         self.timebase = timebase
-        self.failures = FailureGate(config.fail_mode)
+        self.failures = FailureGate(config.fail_mode, config.die_after_chunks)
         self.scheduler: Scheduler[Run] = Scheduler(config.max_running)
         self.models = ModelCatalog(config.model, config.max_model_len, list(config.adapters))
         self.tokenizer: ChatTokenizer = builtin_tokenizer()
@@ -65,7 +65,7 @@ class EngineState:
         if caching is None:
             return Run(generation)
         lora = generation.model if generation.model != self.config.model else None
-        outputs = output_ids(self.tokenizer, generation.max_tokens)
+        outputs = output_ids(self.tokenizer, generation.context, generation.max_tokens)
         seq = caching.kv.sequence(generation.prompt_ids, outputs, lora)
         if not caching.kv.fits_ever(seq):
             raise bad_request("the prompt and max_tokens need more KV blocks than the engine has")
@@ -115,6 +115,7 @@ class EngineState:
         return {
             "name": self.name,
             "fail_mode": self.failures.mode,
+            "after_chunks": self.failures.after_chunks,
             "served": self.served,
             "in_flight": self.in_flight,
             "running": len(self.scheduler.running),
