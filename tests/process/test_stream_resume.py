@@ -300,7 +300,8 @@ async def test_a_stalled_stream_is_resumed_after_the_read_timeout() -> None:
         assert settings.read_timeout * 0.9 <= gap < 3.0  # the silence the client sat through
 
 
-async def test_a_stream_whose_engine_leaves_the_fleet_is_resumed_at_once() -> None:
+@pytest.mark.parametrize("leaves", ["ejected", "removed"])
+async def test_a_stream_whose_engine_leaves_is_resumed_at_once(leaves: str) -> None:
     left = asyncio.Event()
 
     async def streams_until_told(conn: EngineConnection, _body: dict[str, Any]) -> None:
@@ -319,7 +320,10 @@ async def test_a_stream_whose_engine_leaves_the_fleet_is_resumed_at_once() -> No
         await wait_until(lambda: bool(setup.routed.proxy._streaming.get(first_id)), timeout=5)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        fleet.eject(first_id, "test: ejected while streaming")
+        if leaves == "ejected":
+            fleet.eject(first_id, "test: ejected while streaming")
+        else:
+            fleet.remove(first_id, "test: its pod was deleted")
         received = await asyncio.wait_for(reading, TIMEOUT)
         assert loop.time() - started < 2.0
         left.set()
@@ -505,3 +509,21 @@ async def test_a_resume_is_logged_once_and_its_access_line_names_the_engines(
     assert [(r.outcome, r.resumed_from, r.engine) for r in access] == [  # type: ignore[attr-defined]
         ("resumed", broken, resumed_on)
     ]
+
+
+async def test_a_stream_with_no_other_engine_or_too_large_a_body_is_cut_and_counted() -> None:
+    first = Scripted([breaks(A.tokens([" one"], first=True))])
+    async with engines(first) as setup:
+        received = await stream(setup, ASKED)
+        assert received.broken and received.events[-1]["error"]["type"] == "upstream_error"
+        refused = "refused_no_engine"
+        assert sample(setup, "headcount_stream_resumes_total", model=MODEL, outcome=refused) == 1
+    first = Scripted([breaks(A.tokens([" one"], first=True))])
+    second = Scripted([answers(CONTINUATION)])
+    large = ProxySettings(connect_timeout=1.0, read_timeout=5.0, max_body_size=2 * 1024 * 1024)
+    async with engines(first, second, settings=large) as setup:
+        long = {**ASKED, "messages": [{"role": "user", "content": "x" * (1024 * 1024)}]}
+        received = await stream(setup, long)
+        assert received.broken and second.bodies == []
+        refused = "refused_large_body"
+        assert sample(setup, "headcount_stream_resumes_total", model=MODEL, outcome=refused) == 1

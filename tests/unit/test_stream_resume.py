@@ -134,3 +134,21 @@ def test_the_seam_makes_the_continuation_the_first_answer() -> None:
         },
     ]
     assert out.endswith(b"data: [DONE]\n\n")
+
+
+def vllm_chunk(choice: str) -> bytes:
+    head = b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":5,"model":"m",'
+    return b"data: " + head + b'"choices":[' + choice.encode() + b"]}\n\n"
+
+
+def test_vllms_plain_chunks_are_read_as_a_json_parse_reads_them() -> None:
+    plain = '{"index":0,"delta":{"content":%s},"logprobs":null,"finish_reason":null}'
+    texts = [" one", ' "quoted" \\ back\nslash', "é ✓ 😀", ""]
+    chunks = [vllm_chunk(plain % json.dumps(text)) for text in texts]
+    chunks.append(vllm_chunk('{"index":0,"text":" t","logprobs":null,"finish_reason":null}'))
+    last = '{"index":0,"delta":{"content":" z"},"logprobs":null,"finish_reason":"stop"}'
+    read = relayed(*chunks, vllm_chunk(last))
+    assert read.text == [*texts[:3], " t", " z"]
+    assert (read.tokens, read.finished) == (5, True)
+    calls = '{"index":0,"delta":{"tool_calls":[{"index":0}]},"logprobs":null,"finish_reason":null}'
+    assert relayed(chunks[0], vllm_chunk(calls)).tool_call

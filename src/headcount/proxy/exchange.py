@@ -180,6 +180,7 @@ class Exchange:
         "_resend",
         "_responder",
         "_resumed_from",
+        "_resumes",
         "_seam",
         "_seam_open",
         "_stale_retried",
@@ -245,7 +246,8 @@ class Exchange:
         self._seam: Seam | None = None
         self._seam_open = False
         self._resend: tuple[bytes, bytes, bytes] | None = None
-        self._resumed_from: list[str] = []
+        self._resumes = 0
+        self._resumed_from = ""
         self._gap_from = 0.0
         self._whole: tuple[ResponseHead, list[bytes]] | None = None
         self._whole_size = 0
@@ -457,7 +459,7 @@ class Exchange:
                 if engine is not None and self._status < 500:
                     engine.load.consecutive_errors = 0  # a whole answer: the engine works
                 self._release(failed=False)
-                self._end(self._status, RESUMED if self._resumed_from else whole(self._status))
+                self._end(self._status, RESUMED if self._resumes else whole(self._status))
         except Exception:
             self._crash()
 
@@ -510,11 +512,10 @@ class Exchange:
         """An answer held whole broke before the client got a byte: ask another engine for
         it, within the resume limit. False when none is asked."""
         context = self._context
-        engine = None if len(self._resumed_from) >= context.resume_limit else self._untried()
+        engine = None if self._resumes >= context.resume_limit else self._untried()
         if engine is None:
             return False
-        failed = self._last
-        self._resumed_from.append("?" if failed is None else failed.spec.name)
+        self._left_broken()
         context.metrics.stream_resumed(self._features.model, RETRIED)
         _log.info(
             "answer %s for model %r asked again of engine %s after %s (%d of at most %d)",
@@ -522,7 +523,7 @@ class Exchange:
             self._features.model,
             engine.spec.name,
             why,
-            len(self._resumed_from),
+            self._resumes,
             context.resume_limit,
         )
         self._attempt(engine, fresh=True)
@@ -596,7 +597,7 @@ class Exchange:
             self._end(self._status, whole(self._status))
             return
         planned: bytes | str
-        if len(self._resumed_from) >= context.resume_limit:
+        if self._resumes >= context.resume_limit:
             planned = LIMIT
         elif transcript.broken:
             planned = UNREADABLE
@@ -617,8 +618,7 @@ class Exchange:
             )
             self._cut(why)
             return
-        failed = self._last
-        self._resumed_from.append("?" if failed is None else failed.spec.name)
+        self._left_broken()
         carried = relayed.completion_tokens
         self._seam = Seam(relayed.ids, carried)
         self._seam_open = True
@@ -633,10 +633,17 @@ class Exchange:
             engine.spec.name,
             why,
             carried,
-            len(self._resumed_from),
+            self._resumes,
             context.resume_limit,
         )
         self._attempt(engine, fresh=True)
+
+    def _left_broken(self) -> None:
+        """Count a resume, away from the engine last tried (for the access log)."""
+        failed = self._last
+        name = "?" if failed is None else failed.spec.name
+        self._resumed_from = f"{self._resumed_from},{name}" if self._resumes else name
+        self._resumes += 1
 
     def _cut(self, why: str) -> None:
         """End a stream that will not be resumed: an error event the client can read (it is
@@ -704,11 +711,13 @@ class Exchange:
         if engine is None:
             raise RuntimeError("upstream error with no engine attempted")
         context = self._context
+        blamed = not isinstance(error, _BLAMELESS)
         if self._head_sent:
-            self._release(failed=True)
+            self._release(failed=blamed)
             if isinstance(error, ConnectFailed):  # a continuation's engine
                 context.fleet.eject(engine.id, f"connect failed: {error}")
-            self._count_error(engine, GATEWAY_ERROR)
+            if blamed:
+                self._count_error(engine, GATEWAY_ERROR)
             self._resume_or_cut(str(error))
             return
         if self._whole is not None:  # broken before the client got a byte: ask again
@@ -729,7 +738,6 @@ class Exchange:
             resource = _RESOURCE_NAMES.get(error.resource, error.resource)
             self._fail(overloaded(f"the router is out of {resource} ({error}); retry later"))
             return
-        blamed = not isinstance(error, _BLAMELESS)
         self._release(failed=blamed)
         if blamed:
             if isinstance(error, ConnectFailed):
@@ -814,7 +822,7 @@ class Exchange:
         context, model = self._context, self._features.model
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)
         if context.access.wants(
-            status >= 500 or outcome == CUT or self._failovers > 0 or bool(self._resumed_from)
+            status >= 500 or outcome == CUT or self._failovers > 0 or self._resumes > 0
         ):
             context.access.write(self._entry(status, outcome, duration))
 
@@ -867,5 +875,5 @@ class Exchange:
             failovers=self._failovers,
             cut=outcome == CUT,
             cached_tokens=None if kv is None or engine is None else kv.predicted.get(engine.id, 0),
-            resumed_from=",".join(self._resumed_from) or None,
+            resumed_from=self._resumed_from or None,
         )

@@ -6,7 +6,8 @@ every event as it passes would cost the hot path a JSON parse per chunk, so a
 `Transcript` only keeps the bytes it relays (by reference) and reads them
 when asked (`relayed`), or when they pass `_KEPT_MAX`: then they are folded
 into a `Relayed` summary and dropped, so a long stream holds its text, not
-its chunks.
+its chunks. Folding reads a plain token chunk in vLLM's layout by a regular
+expression (`_PLAIN`, a seventh of a JSON parse), anything else as JSON.
 
 A client must never get half an event: the seam would splice the next
 engine's chunk into it. So `relay` forwards up to the last event boundary of
@@ -20,6 +21,7 @@ resumed.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,14 @@ _KEPT_MAX = 64 * 1024
 """Relayed bytes kept before they are folded: a chat chunk is ~250 bytes, so ~250 chunks."""
 _MAX_HELD = 1024 * 1024
 """Bytes of one unfinished event held back; more is not an engine's chunk."""
+_STRING = rb'"((?:[^"\\]|\\.)*)"'
+_PLAIN = re.compile(
+    rb'"choices":\[\{"index":0,(?:"delta":\{"content":' + _STRING + rb"\}|"
+    rb'"text":' + _STRING + rb'),"logprobs":null,"finish_reason":null(?:,"stop_reason":null)?'
+    rb'\}\](?:,"usage":null)?\}\Z'
+)
+"""One choice's token and nothing else to note (no finish, tool call, reasoning or usage),
+as vLLM writes a chat or completion chunk: the text is the first or second group."""
 ID_FIELDS = ("id", "created", "model", "system_fingerprint")
 """What every chunk of one answer repeats, and a resumed answer must keep."""
 
@@ -71,7 +81,7 @@ class Transcript:
         self._held = b""
         self._kept: list[bytes] = []
         self._size = 0
-        self._folded = Relayed()
+        self._folded: Relayed | None = None
         self.broken = False
 
     def relay(self, body: bytes) -> bytes:
@@ -102,14 +112,17 @@ class Transcript:
         """The summary of every event relayed so far, once the stream broke: the unfinished
         event held back is dropped (the client never gets it)."""
         self._held = b""
-        self._fold()
-        return self._folded
+        return self._fold()
 
-    def _fold(self) -> None:
+    def _fold(self) -> Relayed:
+        folded = self._folded
+        if folded is None:
+            folded = self._folded = Relayed()
         if self._kept:
-            read_events(self._folded, b"".join(self._kept))
+            read_events(folded, b"".join(self._kept))
             self._kept = []
             self._size = 0
+        return folded
 
 
 def boundary(data: bytes) -> int:
@@ -134,6 +147,15 @@ def read_events(relayed: Relayed, data: bytes) -> None:
     for payload in split_events(data):
         if payload == b"[DONE]":
             relayed.done = True
+            continue
+        plain = _PLAIN.search(payload) if relayed.ids is not None else None
+        if plain is not None:
+            text = plain.group(1) or plain.group(2)
+            if text:
+                relayed.text.append(
+                    json.loads(b'"' + text + b'"') if b"\\" in text else text.decode()
+                )
+                relayed.tokens += 1
             continue
         try:
             chunk = json.loads(payload)
