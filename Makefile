@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest pytest-python demo bench bench-hostile bench-soak bench-routing bench-overload clean image
+.PHONY: install test lint typecheck pytest pytest-python demo bench bench-hostile bench-soak bench-resume bench-routing bench-overload clean image
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
@@ -106,6 +106,12 @@ bench-hostile: install
 # The 10-minute chaos soak; exits non-zero when one of its checks fails.
 bench-soak: install
 	$(BIN)/python -m bench.soak
+
+# Streams through crashing engines, resumed (headcount) or cut (resume off, vllm-router), about
+# 8 minutes; exits non-zero when a headcount stream is cut unrefused, wrong, or its seam >= 1 s.
+bench-resume: install
+	bash bench/common/peers.sh
+	$(BIN)/python -m bench.resume
 
 # The router image (needs Docker); deploy/base runs $(IMAGE) as tagged by default.
 # For a registry: make image IMAGE=registry.example.com/platform/headcount:0.1.0
