@@ -152,3 +152,16 @@ def test_vllms_plain_chunks_are_read_as_a_json_parse_reads_them() -> None:
     assert (read.tokens, read.finished) == (5, True)
     calls = '{"index":0,"delta":{"tool_calls":[{"index":0}]},"logprobs":null,"finish_reason":null}'
     assert relayed(chunks[0], vllm_chunk(calls)).tool_call
+
+
+def test_after_one_plain_chunk_the_streams_frame_reads_the_others_without_a_parse() -> None:
+    plain = '{"index":0,"delta":{"content":%s},"logprobs":null,"finish_reason":null}'
+    chunks = [vllm_chunk(plain % json.dumps(word)) for word in (" one", " two", " three")]
+    read = relayed(*chunks)
+    assert read.frame is not None
+    before, after = read.frame
+    assert chunks[1] == before + b" two" + after + b"\n\n"
+    assert (read.text, read.tokens) == ([" one", " two", " three"], 3)
+    # An event in the frame whose middle is no plain text is parsed, not sliced.
+    odd = before + b'a","role":"x' + after + b"\n\n"
+    assert relayed(*chunks, odd).text == [" one", " two", " three", "a"]

@@ -87,7 +87,7 @@ class StaleConnection(NoResponse):
 
 
 class StreamBroken(UpstreamError):
-    """The response broke after its first byte: never retried."""
+    """The response broke after its first byte: not failed over (the proxy may resume it)."""
 
     reason = "stream_broken"
 

@@ -6,8 +6,12 @@ every event as it passes would cost the hot path a JSON parse per chunk, so a
 `Transcript` only keeps the bytes it relays (by reference) and reads them
 when asked (`relayed`), or when they pass `_KEPT_MAX`: then they are folded
 into a `Relayed` summary and dropped, so a long stream holds its text, not
-its chunks. Folding reads a plain token chunk in vLLM's layout by a regular
-expression (`_PLAIN`, a seventh of a JSON parse), anything else as JSON.
+its chunks. Folding parses an event as JSON only until it has seen one plain
+token chunk (one choice, its text and nothing else to note): that chunk's
+bytes before and after its text are the stream's frame (`Relayed.frame`), the
+same for every such chunk of one answer (vLLM repeats the id, created and
+model), so a later event inside that frame is a token whose text is the bytes
+between, read with two comparisons and a slice, not a parse.
 
 A client must never get half an event: the seam would splice the next
 engine's chunk into it. So `relay` forwards up to the last event boundary of
@@ -21,7 +25,6 @@ resumed.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +34,7 @@ _KEPT_MAX = 64 * 1024
 """Relayed bytes kept before they are folded: a chat chunk is ~250 bytes, so ~250 chunks."""
 _MAX_HELD = 1024 * 1024
 """Bytes of one unfinished event held back; more is not an engine's chunk."""
-_STRING = rb'"((?:[^"\\]|\\.)*)"'
-_PLAIN = re.compile(
-    rb'"choices":\[\{"index":0,(?:"delta":\{"content":' + _STRING + rb"\}|"
-    rb'"text":' + _STRING + rb'),"logprobs":null,"finish_reason":null(?:,"stop_reason":null)?'
-    rb'\}\](?:,"usage":null)?\}\Z'
-)
-"""One choice's token and nothing else to note (no finish, tool call, reasoning or usage),
-as vLLM writes a chat or completion chunk: the text is the first or second group."""
+_TEXT_KEYS = (b'"content":"', b'"text":"')
 ID_FIELDS = ("id", "created", "model", "system_fingerprint")
 """What every chunk of one answer repeats, and a resumed answer must keep."""
 
@@ -65,6 +61,8 @@ class Relayed:
     """Reasoning text was relayed (`reasoning_content`): a continuation would lose it."""
     unreadable: bool = False
     """An event was not JSON, or not a chunk's shape."""
+    frame: tuple[bytes, bytes] | None = None
+    """A plain token chunk's bytes before and after its text (module docstring)."""
 
     @property
     def completion_tokens(self) -> int:
@@ -132,40 +130,81 @@ def boundary(data: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
+def _events(data: bytes) -> list[bytes]:
+    """The whole events in `data`, in order."""
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n")
+    return data.split(b"\n\n")
+
+
+def _payload(event: bytes) -> bytes | None:
+    """An event's `data:` lines joined (None: a comment, or no data)."""
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
 def split_events(data: bytes) -> list[bytes]:
     """The `data:` payloads of the whole events in `data`, in order (comments skipped)."""
-    payloads = []
-    for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-        if lines:
-            payloads.append(b"\n".join(lines))
-    return payloads
+    payloads = (_payload(event) for event in _events(data))
+    return [payload for payload in payloads if payload is not None]
 
 
 def read_events(relayed: Relayed, data: bytes) -> None:
     """Add the whole events in `data` to `relayed`."""
-    for payload in split_events(data):
+    for event in _events(data):
+        frame = relayed.frame
+        if frame is not None:
+            before, after = frame
+            if event.startswith(before) and event.endswith(after):
+                text = event[len(before) : len(event) - len(after)]
+                if b'"' not in text and b"\\" not in text:
+                    if text:
+                        relayed.text.append(text.decode())
+                        relayed.tokens += 1
+                    continue
+        payload = _payload(event)
+        if payload is None:
+            continue
         if payload == b"[DONE]":
             relayed.done = True
-            continue
-        plain = _PLAIN.search(payload) if relayed.ids is not None else None
-        if plain is not None:
-            text = plain.group(1) or plain.group(2)
-            if text:
-                relayed.text.append(
-                    json.loads(b'"' + text + b'"') if b"\\" in text else text.decode()
-                )
-                relayed.tokens += 1
             continue
         try:
             chunk = json.loads(payload)
         except ValueError:
             relayed.unreadable = True
             continue
-        if isinstance(chunk, dict):
-            _read_chunk(relayed, chunk)
-        else:
+        if not isinstance(chunk, dict):
             relayed.unreadable = True
+            continue
+        tokens = relayed.tokens
+        _read_chunk(relayed, chunk)
+        if frame is None and relayed.tokens > tokens and _plain(chunk):
+            relayed.frame = _frame(event, relayed.text[-1])
+
+
+def _plain(chunk: dict[str, Any]) -> bool:
+    """Whether `chunk` is one choice's text and nothing else to note."""
+    choices = chunk.get("choices")
+    if chunk.get("usage") is not None or not isinstance(choices, list) or len(choices) != 1:
+        return False
+    choice = choices[0]
+    if not isinstance(choice, dict) or choice.get("finish_reason") is not None:
+        return False
+    delta = choice.get("delta")
+    return delta is None or (isinstance(delta, dict) and list(delta) == ["content"])
+
+
+def _frame(event: bytes, text: str) -> tuple[bytes, bytes] | None:
+    """`event`'s bytes before and after `text`, written as it is (no escapes), or None."""
+    body = text.encode()
+    if b'"' in body or b"\\" in body:
+        return None
+    for key in _TEXT_KEYS:
+        at = event.rfind(key + body + b'"')
+        if at >= 0:
+            start = at + len(key)
+            return event[:start], event[start + len(body) :]
+    return None
 
 
 def _read_chunk(relayed: Relayed, chunk: dict[str, Any]) -> None:
