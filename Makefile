@@ -80,7 +80,8 @@ pytest: install $(KUBECTL) $(PROMTOOL) $(REDIS_SERVER)
 PYTHON_SRC := .cache/python-src
 PYTHON_PATH_TESTS := tests/unit tests/process/test_http_server.py tests/process/test_upstream.py \
 	tests/process/test_proxy.py tests/process/test_admission.py tests/process/test_flow_router.py \
-	tests/process/test_auth_router.py tests/process/test_access_log.py
+	tests/process/test_auth_router.py tests/process/test_access_log.py \
+	tests/process/test_stream_resume.py tests/process/test_stream_resume_sim.py
 pytest-python: install $(KUBECTL) $(PROMTOOL) $(REDIS_SERVER)
 	rm -rf $(PYTHON_SRC) && mkdir -p $(PYTHON_SRC) && cp -r src/headcount $(PYTHON_SRC)/
 	find $(PYTHON_SRC) -name '*.so' -delete
