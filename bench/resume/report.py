@@ -151,10 +151,19 @@ def checks(measured: Sequence[Measured]) -> list[Check]:
 
 
 def _gist(error: str) -> str:
-    """An error without its specifics (counts, ids, bodies), to count alike ones together."""
+    """An error without its specifics (counts, ids), to count alike ones together; a status
+    keeps the start of its body (what the router says)."""
     if error[:3].isdigit():
-        return f"status {error[:3]}"
+        return error[:72]
     return error.split(" after ")[0].split(":")[0][:60]
+
+
+def _answered(m: Measured, window_s: float = 10.0) -> str:
+    """Streams that got a 200, by when they began: an outage shows as a run of zeros."""
+    begun = [(s.started - m.t0, s.status == 200) for s in m.tally.streams]
+    counts = Counter(int(at // window_s) for at, ok in begun if ok)
+    last = int(max((at for at, _ in begun), default=0.0) // window_s)
+    return " ".join(str(counts[n]) for n in range(last + 1))
 
 
 def _details(m: Measured) -> list[str]:
@@ -172,6 +181,7 @@ def _details(m: Measured) -> list[str]:
         )
     if len(shown_cuts) > _SHOWN:
         lines.append(f"- ... and {len(shown_cuts) - _SHOWN} more cut")
+    lines.append(f"- streams answered 200, by start, per 10 s: {_answered(m)}")
     errors = Counter(_gist(s.error) for s in t.cut + t.failed)
     if errors:
         lines.append(
