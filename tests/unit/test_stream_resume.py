@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from headcount.proxy.resume import Seam, continuation
-from headcount.proxy.transcript import Relayed, Transcript
+from headcount.proxy.transcript import Relayed, Transcript, read_events
 
 
 def event(fields: dict[str, Any]) -> bytes:
@@ -50,7 +50,9 @@ def test_a_long_stream_is_folded_into_its_text_as_it_goes() -> None:
         transcript.relay(chat_chunk(f" w{index}"))
     assert transcript._size < 64 * 1024 + 200  # folded, not kept
     read = transcript.relayed()
-    assert read.tokens == 1000 and read.text[-1] == " w999"
+    assert read.tokens == 1000
+    assert "".join(read.text) == "".join(f" w{index}" for index in range(1000))
+    assert read.frame is not None  # the folds after the first read by the frame
 
 
 def test_an_event_too_long_to_hold_breaks_the_transcript() -> None:
@@ -165,3 +167,19 @@ def test_after_one_plain_chunk_the_streams_frame_reads_the_others_without_a_pars
     # An event in the frame whose middle is no plain text is parsed, not sliced.
     odd = before + b'a","role":"x' + after + b"\n\n"
     assert relayed(*chunks, odd).text == [" one", " two", " three", "a"]
+
+
+def test_a_fold_with_one_event_out_of_the_frame_is_read_event_by_event() -> None:
+    plain = '{"index":0,"delta":{"content":%s},"logprobs":null,"finish_reason":null}'
+    chunks = [vllm_chunk(plain % json.dumps(word)) for word in (" one", " two", " three")]
+    read = relayed(chunks[0])
+    odd = vllm_chunk(plain % json.dumps(' "q"'))  # in the frame, but its text has quotes
+    done = vllm_chunk('{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop"}')
+    read_events(read, chunks[1] + odd + chunks[2])
+    assert "".join(read.text) == ' one two "q" three'
+    empty = vllm_chunk(plain % json.dumps(""))  # in the frame, no token
+    read_events(read, chunks[1] + empty + chunks[2])
+    assert read.tokens == 6
+    read_events(read, chunks[1] + done)
+    assert "".join(read.text) == ' one two "q" three two three two'
+    assert (read.tokens, read.finished) == (7, True)

@@ -11,7 +11,9 @@ token chunk (one choice, its text and nothing else to note): that chunk's
 bytes before and after its text are the stream's frame (`Relayed.frame`), the
 same for every such chunk of one answer (vLLM repeats the id, created and
 model), so a later event inside that frame is a token whose text is the bytes
-between, read with two comparisons and a slice, not a parse.
+between. A fold of nothing but such events, the common one, is one `split` at
+the frame's seams and one `join` of the texts (`_read_plain`), whatever their
+number: about 0.1 µs an event where a JSON parse is 5.
 
 A client must never get half an event: the seam would splice the next
 engine's chunk into it. So `relay` forwards up to the last event boundary of
@@ -130,13 +132,6 @@ def boundary(data: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
-def _events(data: bytes) -> list[bytes]:
-    """The whole events in `data`, in order."""
-    if b"\r" in data:
-        data = data.replace(b"\r\n", b"\n")
-    return data.split(b"\n\n")
-
-
 def _payload(event: bytes) -> bytes | None:
     """An event's `data:` lines joined (None: a comment, or no data)."""
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
@@ -145,13 +140,17 @@ def _payload(event: bytes) -> bytes | None:
 
 def split_events(data: bytes) -> list[bytes]:
     """The `data:` payloads of the whole events in `data`, in order (comments skipped)."""
-    payloads = (_payload(event) for event in _events(data))
+    payloads = (_payload(event) for event in data.replace(b"\r\n", b"\n").split(b"\n\n"))
     return [payload for payload in payloads if payload is not None]
 
 
 def read_events(relayed: Relayed, data: bytes) -> None:
     """Add the whole events in `data` to `relayed`."""
-    for event in _events(data):
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n")
+    if _read_plain(relayed, data):
+        return
+    for event in data.split(b"\n\n"):
         frame = relayed.frame
         if frame is not None:
             before, after = frame
@@ -180,6 +179,28 @@ def read_events(relayed: Relayed, data: bytes) -> None:
         _read_chunk(relayed, chunk)
         if frame is None and relayed.tokens > tokens and _plain(chunk):
             relayed.frame = _frame(event, relayed.text[-1])
+
+
+def _read_plain(relayed: Relayed, data: bytes) -> bool:
+    """Add `data` to `relayed` when it is nothing but plain token events in the stream's
+    frame (False, nothing added, otherwise): then the texts are what lies between the
+    frame's seams (`after`, the boundary, `before`), and none holds a quote, an escape or
+    an event boundary."""
+    frame = relayed.frame
+    if frame is None:
+        return False
+    before, after = frame
+    end = after + b"\n\n"
+    if not (data.startswith(before) and data.endswith(end)):
+        return False
+    texts = data[len(before) : len(data) - len(end)].split(end + before)
+    joined = b"".join(texts)
+    if b"\n\n" in joined or b'"' in joined or b"\\" in joined:
+        return False
+    if joined:
+        relayed.text.append(joined.decode())
+    relayed.tokens += len(texts) - texts.count(b"")
+    return True
 
 
 def _plain(chunk: dict[str, Any]) -> bool:
