@@ -10,7 +10,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import headcount
 from bench import resume
 from bench.common.harness import OUT, BenchError, router_program, run_benchmark, say
 from bench.common.peers import peer_versions, runnable_targets
@@ -20,6 +19,7 @@ from bench.resume.report import checks, render
 from bench.resume.run import Measured, Settings, measure
 from bench.resume.targets import TARGETS
 from bench.resume.traffic import Load
+from headcount.compiled import data_plane, stale_compiled
 from headcount.sim.cluster import hosts
 from headcount.sim.loopback import free_port_on_all
 
@@ -56,22 +56,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _compiled(tree: Path) -> str:
-    """Whether the tree runs compiled modules (mypyc) and whether any is older than its source:
-    a stale one would run code other than the source's."""
-    built = list(tree.rglob("*.so"))
-    if not built:
+def _compiled() -> str:
+    """The form of the data plane measured, and any compiled module older than its source
+    (it would run code other than the source's)."""
+    if data_plane() == "python":
         return "pure Python"
-    stale = [
-        so.name.split(".")[0]
-        for so in built
-        if (source := so.with_name(so.name.split(".")[0] + ".py")).exists()
-        and source.stat().st_mtime > so.stat().st_mtime
-    ]
-    return f"{len(built)} compiled modules" + (
-        f", **{len(stale)} older than their source**: {', '.join(sorted(stale)[:8])}"
+    stale = stale_compiled()
+    return "compiled" + (
+        f", **{len(stale)} modules older than their source**: {', '.join(stale[:8])}"
         if stale
-        else ", none older than its source"
+        else ", no module older than its source"
     )
 
 
@@ -80,7 +74,7 @@ def _setup(args: argparse.Namespace, settings: Settings, took_s: float) -> list[
     kills = settings.kills
     stream_s = args.max_tokens * args.token_delay
     return [
-        f"- headcount: {source}; {_compiled(Path(headcount.__file__).resolve().parent)}",
+        f"- headcount: {source}; {_compiled()}",
         f"- fleet: {ENGINES} sim-engines as processes on {settings.hosts[0]}-"
         f"{settings.hosts[-1].rsplit('.', 1)[1]}:{settings.port}, --token-delay "
         f"{args.token_delay:g}; started afresh for each router. An ordinary gap between two "
