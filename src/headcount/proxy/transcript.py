@@ -149,9 +149,12 @@ def read_events(relayed: Relayed, data: bytes) -> None:
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n")
     data = _read_framed(relayed, data)
-    at = 0
-    for event in data.split(b"\n\n"):
-        at += len(event) + 2
+    at, size = 0, len(data)
+    while at < size:
+        cut = data.find(b"\n\n", at)
+        if cut < 0:
+            cut = size
+        event, at = data[at:cut], cut + 2
         payload = _payload(event)
         if payload is None:
             continue
@@ -170,9 +173,9 @@ def read_events(relayed: Relayed, data: bytes) -> None:
         _read_chunk(relayed, chunk)
         if relayed.frame is None and relayed.tokens > tokens and _plain(chunk):
             relayed.frame = _frame(event, relayed.text[-1])
-            if relayed.frame is not None:
-                read_events(relayed, data[at:])  # the rest, framed
-                return
+            if relayed.frame is not None:  # the rest, framed
+                data = _read_framed(relayed, data[at:])
+                at, size = 0, len(data)
 
 
 def _read_framed(relayed: Relayed, data: bytes) -> bytes:
