@@ -37,7 +37,7 @@ import yaml
 
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS, REPO
-from tests.support.metric_families import FLOW_METRIC_LABELS
+from tests.support.metric_families import FLOW_METRIC_LABELS, RESUME_METRIC_LABELS
 
 __all__: list[str] = []
 
@@ -566,7 +566,7 @@ def _dashboard_exprs() -> list[str]:
 
 
 # Every family a query may use: always exported, kv-aware's, flow control's.
-_METRIC_LABELS = METRIC_LABELS | KV_METRIC_LABELS | FLOW_METRIC_LABELS
+_METRIC_LABELS = METRIC_LABELS | RESUME_METRIC_LABELS | KV_METRIC_LABELS | FLOW_METRIC_LABELS
 _METRIC = re.compile(r"\bheadcount_\w+")
 _SELECTOR = re.compile(r"\b(headcount_\w+)\s*\{([^}]*)\}")
 _MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"")

@@ -8,6 +8,7 @@ __all__ = [
     "HISTOGRAMS",
     "KV_METRIC_LABELS",
     "METRIC_LABELS",
+    "RESUME_METRIC_LABELS",
 ]
 
 # The metric families the README's metrics table promises, as named in the exposition
@@ -28,7 +29,12 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_local_resource_errors_total": frozenset({"resource"}),
     "headcount_task_restarts_total": frozenset({"task"}),
 }
-EXPORTED_METRICS = frozenset(METRIC_LABELS)
+# Always exported; their series (per model and outcome) appear once a stream broke.
+RESUME_METRIC_LABELS: dict[str, frozenset[str]] = {
+    "headcount_stream_resumes_total": frozenset({"model", "outcome"}),
+    "headcount_stream_resume_gap_seconds": frozenset({"model"}),
+}
+EXPORTED_METRICS = frozenset(METRIC_LABELS) | frozenset(RESUME_METRIC_LABELS)
 # With --routing kv-aware only: the engines' cache indexes.
 KV_METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_kv_index_state": frozenset({"engine", "state"}),
@@ -61,5 +67,6 @@ HISTOGRAMS = frozenset(
         "headcount_request_duration_seconds",
         "headcount_time_to_first_byte_seconds",
         "headcount_queue_seconds",
+        "headcount_stream_resume_gap_seconds",
     }
 )
