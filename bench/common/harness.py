@@ -8,6 +8,7 @@ suite measures: this interpreter's, or the tree of another git revision
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ __all__ = [
     "HEADCOUNT_BIN",
     "OUT",
     "BenchError",
+    "add_run_arguments",
     "enter_private_network",
     "headcount_at",
     "router_program",
@@ -44,6 +46,14 @@ _NETNS_MARK = "HEADCOUNT_BENCH_NETNS"
 
 class BenchError(Exception):
     """The benchmark cannot go on: a tool is missing, a process died, a wait ran out."""
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--out` (the report directory) and `--no-netns`, which every run of the router takes."""
+    parser.add_argument("--out", type=Path, default=OUT, help="report directory")
+    parser.add_argument(
+        "--no-netns", action="store_true", help="stay in the host's network namespace"
+    )
 
 
 def say(line: str) -> None:

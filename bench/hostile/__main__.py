@@ -6,10 +6,15 @@ import argparse
 import datetime
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from bench import hostile
-from bench.common.harness import OUT, BenchError, router_program, run_benchmark, say
+from bench.common.harness import (
+    BenchError,
+    add_run_arguments,
+    router_program,
+    run_benchmark,
+    say,
+)
 from bench.common.processes import Processes
 from bench.hostile.report import Phase, PhaseRun, Scale, render
 from bench.hostile.run import PHASES, QUICK, ROUTER_TIMINGS, Bench
@@ -51,10 +56,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="REV",
         help="run the router as it was at git revision REV (for before/after numbers)",
     )
-    parser.add_argument("--out", type=Path, default=OUT, help="report directory")
-    parser.add_argument(
-        "--no-netns", action="store_true", help="stay in the host's network namespace"
-    )
+    add_run_arguments(parser)
     return parser.parse_args(argv)
 
 

@@ -7,11 +7,10 @@ import datetime
 import shutil
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TypeVar
 
 from bench import overhead
-from bench.common.harness import OUT, BenchError, run_benchmark, say
+from bench.common.harness import BenchError, add_run_arguments, run_benchmark, say
 from bench.common.processes import Processes
 from bench.overhead.report import render
 from bench.overhead.run import Bench, Settings, WorkloadResult
@@ -62,10 +61,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also measure headcount at git revision REV, side by side (repeatable)",
     )
     parser.add_argument("--start-timeout", type=float, default=30.0, help="seconds per start")
-    parser.add_argument("--out", type=Path, default=OUT, help="report directory")
-    parser.add_argument(
-        "--no-netns", action="store_true", help="stay in the host's network namespace"
-    )
+    add_run_arguments(parser)
     return parser.parse_args(argv)
 
 

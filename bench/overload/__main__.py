@@ -9,10 +9,9 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from bench import overload
-from bench.common.harness import BENCH, OUT, BenchError, run_benchmark, say
+from bench.common.harness import BENCH, BenchError, add_run_arguments, run_benchmark, say
 from bench.common.peers import peer_versions, runnable_targets
 from bench.common.processes import Processes
 from bench.overload.fleet import (
@@ -70,10 +69,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--require-peers", action="store_true", help="fail instead of skipping a missing peer"
     )
-    parser.add_argument("--out", type=Path, default=OUT, help="report directory")
-    parser.add_argument(
-        "--no-netns", action="store_true", help="stay in the host's network namespace"
-    )
+    add_run_arguments(parser)
     return parser.parse_args(argv)
 
 

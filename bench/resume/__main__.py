@@ -8,10 +8,15 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from bench import resume
-from bench.common.harness import OUT, BenchError, router_program, run_benchmark, say
+from bench.common.harness import (
+    BenchError,
+    add_run_arguments,
+    router_program,
+    run_benchmark,
+    say,
+)
 from bench.common.peers import peer_versions, runnable_targets
 from bench.common.processes import Processes
 from bench.resume.chaos import schedule
@@ -42,10 +47,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--require-peers", action="store_true", help="fail instead of skipping a missing peer"
     )
-    parser.add_argument("--out", type=Path, default=OUT, help="report directory")
-    parser.add_argument(
-        "--no-netns", action="store_true", help="stay in the host's network namespace"
-    )
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 20.0 if args.quick else 120.0

@@ -15,7 +15,7 @@ from pathlib import Path
 import uvloop
 
 from bench import soak
-from bench.common.harness import OUT, router_program, run_benchmark
+from bench.common.harness import add_run_arguments, router_program, run_benchmark
 from bench.common.processes import Processes
 from bench.soak.report import Result, render
 from bench.soak.run import ENGINES, ROUTER_TIMINGS, TOKEN_DELAY_S, Soak
@@ -57,10 +57,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--baseline", metavar="REV", help="run the router as it was at git revision REV"
     )
-    parser.add_argument("--out", type=Path, default=OUT, help="report directory")
-    parser.add_argument(
-        "--no-netns", action="store_true", help="stay in the host's network namespace"
-    )
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = 60.0 if args.quick else 600.0
