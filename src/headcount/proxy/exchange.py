@@ -85,7 +85,7 @@ from headcount.proxy.errors import (
     upstream_failed,
     upstream_timed_out,
 )
-from headcount.proxy.headers import find_header, response_headers
+from headcount.proxy.headers import find_header, is_event_stream, response_headers
 from headcount.proxy.metering import TappedResponder
 from headcount.proxy.resume import LIMIT, NO_ENGINE, UNREADABLE, Kind, Seam, continuation
 from headcount.proxy.stalls import StallWatch
@@ -362,6 +362,16 @@ class Exchange:
             self._prefill = None
             prefill[0].prefill_queued -= prefill[1]
 
+    def _release_after(self, engine: Engine, error: UpstreamError) -> None:
+        """Give the attempt's slot back after `error`: unless it is blameless, counted against
+        the engine, which a connect failure also ejects."""
+        blamed = not isinstance(error, _BLAMELESS)
+        self._release(failed=blamed)
+        if blamed:
+            if isinstance(error, ConnectFailed):
+                self._context.fleet.eject(engine.id, f"connect failed: {error}")
+            self._count_error(engine, GATEWAY_ERROR)
+
     def _count_error(self, engine: Engine, reason: str) -> None:
         if self._context.fleet.record_error(engine.id, reason):
             self._context.metrics.outlier_ejected(reason)
@@ -484,10 +494,7 @@ class Exchange:
         is returned. Any other answer is held whole (`_hold`): broken, it is asked again."""
         if self._path not in _KINDS:
             return body
-        content_type = find_header(head.headers, b"content-type")
-        if content_type is None or not content_type.lstrip().lower().startswith(
-            b"text/event-stream"
-        ):
+        if not is_event_stream(find_header(head.headers, b"content-type")):
             self._whole = (head, [body])
             self._whole_size = len(body)
             return body
@@ -555,11 +562,10 @@ class Exchange:
         """The head of a continuation: relay its events after the client's, or, when it is no
         stream (refused, failed), resume again or cut. False when the request went on."""
         transcript = self._transcript
-        content_type = find_header(head.headers, b"content-type") or b""
         if (
             transcript is None
             or head.status != 200
-            or not content_type.lstrip().lower().startswith(b"text/event-stream")
+            or not is_event_stream(find_header(head.headers, b"content-type"))
         ):
             conn = self._conn
             self._conn = None
@@ -711,19 +717,13 @@ class Exchange:
         if engine is None:
             raise RuntimeError("upstream error with no engine attempted")
         context = self._context
-        blamed = not isinstance(error, _BLAMELESS)
         if self._head_sent:
-            self._release(failed=blamed)
-            if isinstance(error, ConnectFailed):  # a continuation's engine
-                context.fleet.eject(engine.id, f"connect failed: {error}")
-            if blamed:
-                self._count_error(engine, GATEWAY_ERROR)
+            self._release_after(engine, error)
             self._resume_or_cut(str(error))
             return
         if self._whole is not None:  # broken before the client got a byte: ask again
             self._whole = None
-            self._release(failed=True)
-            self._count_error(engine, GATEWAY_ERROR)
+            self._release_after(engine, error)
             if not self._ask_again(str(error)):
                 self._fail(upstream_failed(error.reason, str(error), len(self._tried)))
             return
@@ -738,11 +738,7 @@ class Exchange:
             resource = _RESOURCE_NAMES.get(error.resource, error.resource)
             self._fail(overloaded(f"the router is out of {resource} ({error}); retry later"))
             return
-        self._release(failed=blamed)
-        if blamed:
-            if isinstance(error, ConnectFailed):
-                context.fleet.eject(engine.id, f"connect failed: {error}")
-            self._count_error(engine, GATEWAY_ERROR)
+        self._release_after(engine, error)
         if isinstance(error, _FAILOVER_ERRORS):
             retry = self._next_engine()
             if retry is not None:

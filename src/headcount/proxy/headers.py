@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from headcount._http.wire import HOP_BY_HOP, connection_tokens
 
-__all__ = ["find_header", "forward_headers", "response_headers"]
+__all__ = ["find_header", "forward_headers", "is_event_stream", "response_headers"]
 
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 _REQUEST_DROP_AUTHORIZATION = _REQUEST_DROP | {b"authorization"}
@@ -57,6 +57,13 @@ def find_header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> bytes | No
         if name == wanted:
             return value
     return None
+
+
+def is_event_stream(content_type: bytes | None) -> bool:
+    """Whether a `Content-Type` value says server-sent events (a stream of chunks)."""
+    return content_type is not None and content_type.lstrip().lower().startswith(
+        b"text/event-stream"
+    )
 
 
 def _end_to_end(

@@ -33,6 +33,7 @@ import json
 from typing import Any, Literal
 
 from headcount.proxy.transcript import ID_FIELDS, Relayed, boundary, split_events
+from headcount.proxy.usage import COMPACT_JSON
 
 __all__ = [
     "FINISHED",
@@ -76,7 +77,6 @@ _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "st
 _COMPLETION_MAX_TOKENS = 16
 """vLLM's `max_tokens` for a completion that gives none (a chat's is the context left)."""
 _LIMITS = ("max_tokens", "max_completion_tokens")
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def continuation(kind: Kind, body: dict[str, Any], relayed: Relayed) -> bytes | str:
@@ -103,7 +103,7 @@ def continuation(kind: Kind, body: dict[str, Any], relayed: Relayed) -> bytes | 
     least = asked.get("min_tokens")
     if isinstance(least, int) and not isinstance(least, bool):
         asked["min_tokens"] = max(0, least - carried)
-    return _ENCODER.encode(asked).encode()
+    return COMPACT_JSON.encode(asked).encode()
 
 
 def _refusal(kind: Kind, body: dict[str, Any], relayed: Relayed) -> str | None:
@@ -199,7 +199,7 @@ class Seam:
                 return None
         if isinstance(usage, dict):
             _shift(usage, self._carried)
-        return b"data: " + _ENCODER.encode(chunk).encode() + b"\n\n"
+        return b"data: " + COMPACT_JSON.encode(chunk).encode() + b"\n\n"
 
 
 def _empty(choice: object) -> bool:

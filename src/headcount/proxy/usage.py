@@ -29,7 +29,9 @@ import json
 import re
 from typing import Any
 
-__all__ = ["UsageTap", "ask_usage", "client_asks_usage", "usage_of"]
+from headcount.proxy.headers import is_event_stream
+
+__all__ = ["COMPACT_JSON", "UsageTap", "ask_usage", "client_asks_usage", "usage_of"]
 
 _USAGE = b'"usage":{'
 _OPEN = len(_USAGE) - 1
@@ -54,7 +56,7 @@ _VLLM_USAGE = re.compile(
 _ASKING = b'{"stream_options":{"include_usage":true},'
 """A body's opening brace with the ask after it; a JSON object with a key follows."""
 _DECODER = json.JSONDecoder()
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 """Made once: `json.dumps` with options makes one a call (a quarter of its time)."""
 
 
@@ -92,7 +94,7 @@ def ask_usage(body: dict[str, Any], raw: bytes = b"") -> bytes | None:
         if options.get("continuous_usage_stats") not in (None, False):
             options["continuous_usage_stats"] = False  # it was off with include_usage off
     asking = {**body, "stream_options": options}
-    return _ENCODER.encode(asking).encode()
+    return COMPACT_JSON.encode(asking).encode()
 
 
 class UsageTap:
@@ -116,10 +118,7 @@ class UsageTap:
     @classmethod
     def for_response(cls, content_type: bytes | None, drop_usage: bool) -> UsageTap:
         """The tap for an answer of this `Content-Type`: an error answers a stream in JSON."""
-        stream = content_type is not None and content_type.lstrip().lower().startswith(
-            b"text/event-stream"
-        )
-        return cls(event_stream=stream, drop_usage=drop_usage)
+        return cls(event_stream=is_event_stream(content_type), drop_usage=drop_usage)
 
     def feed(self, piece: bytes) -> bytes:
         if not self._drop:
