@@ -17,7 +17,6 @@ a missing one is skipped with the reason.
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import os
@@ -36,7 +35,11 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
+from headcount.cli.main import _parser
+from headcount.cli.serve_config import layer_flags
+from headcount.cli.serve_flags import settings_from_args
+from headcount.config import Settings
+from headcount.flags.sources import Setting, Source
 from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS, REPO
 from tests.support.metric_families import FLOW_METRIC_LABELS, RESUME_METRIC_LABELS
 
@@ -160,15 +163,47 @@ def _pod_labels(docs: list[dict[str, Any]]) -> dict[str, str]:
     return labels
 
 
-def _flags(container: dict[str, Any]) -> dict[str, str]:
-    """`--name=value` arguments by name; a flag given twice fails the test."""
-    flags: dict[str, str] = {}
-    for arg in container["args"][1:]:
-        name, sep, value = arg.partition("=")
-        assert name.startswith("--") and sep, f"argument not in --flag=value form: {arg}"
-        assert name not in flags, f"{name} given twice"
-        flags[name] = value
-    return flags
+_POD_NAMESPACE = "llm"
+"""The namespace the downward API gives the pod in these tests."""
+
+
+def _configured(docs: list[dict[str, Any]], root: Path) -> tuple[Settings, dict[str, Setting]]:
+    """What `headcount serve` runs with in the Deployment's container, and each value's source.
+
+    Its arguments, each mounted ConfigMap's files written under `root` in place of
+    their mount path, and its environment (the downward API's namespace as
+    `_POD_NAMESPACE`), read by headcount's own parser and config layering.
+    """
+    container = _container(docs)
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    config_maps = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "ConfigMap"}
+    args = list(container["args"])
+    for volume in _pod_spec(docs)["volumes"]:
+        if "configMap" not in volume:
+            continue
+        for key, text in config_maps[volume["configMap"]["name"]]["data"].items():
+            local = root / volume["name"] / key
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(text)
+            args = [arg.replace(f"{mounts[volume['name']]}/{key}", str(local)) for arg in args]
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "valueFrom" in var:
+            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, var
+            env[var["name"]] = _POD_NAMESPACE
+        else:
+            env[var["name"]] = var["value"]
+    parser = _parser()
+    ns = parser.parse(args)
+    chosen = layer_flags(ns, parser.chosen(ns), env)
+    return settings_from_args(ns), {setting.flag: setting for setting in chosen}
+
+
+@pytest.fixture(scope="module")
+def configured(
+    rendered: list[dict[str, Any]], overlay: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Settings, dict[str, Setting]]:
+    return _configured(rendered, tmp_path_factory.mktemp(f"configured-{overlay}"))
 
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -186,6 +221,7 @@ def test_overlay_renders_one_of_each_object(rendered: list[dict[str, Any]]) -> N
             "Service",
             "PodDisruptionBudget",
             "NetworkPolicy",
+            "ConfigMap",
         ]
     )
 
@@ -227,12 +263,12 @@ def test_deployment_runs_unprivileged_on_a_read_only_root(rendered: list[dict[st
 
 
 def test_probes_check_the_health_endpoints_on_the_admin_port(
-    rendered: list[dict[str, Any]],
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
 ) -> None:
     container = _container(rendered)
-    flags = _flags(container)
+    server = configured[0].server
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"http": int(flags["--port"]), "admin": int(flags["--admin-port"])}
+    assert ports == {"http": server.port, "admin": server.admin_port}
     paths = {
         probe: (container[probe]["httpGet"]["path"], container[probe]["httpGet"]["port"])
         for probe in ("livenessProbe", "readinessProbe", "startupProbe")
@@ -246,16 +282,19 @@ def test_probes_check_the_health_endpoints_on_the_admin_port(
     assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (10, 3)
 
 
-def test_startup_window_covers_the_discovery_dead_bound(rendered: list[dict[str, Any]]) -> None:
-    container = _container(rendered)
-    startup = container["startupProbe"]
+def test_startup_window_covers_the_discovery_dead_bound(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
+) -> None:
+    startup = _container(rendered)["startupProbe"]
     window = startup["periodSeconds"] * startup["failureThreshold"]
-    assert window >= float(_flags(container)["--discovery-dead-after"])
+    assert window >= configured[0].health.discovery_dead_after
 
 
-def test_termination_grace_outlasts_the_drain(rendered: list[dict[str, Any]]) -> None:
-    flags = _flags(_container(rendered))
-    drain = float(flags["--drain-delay"]) + float(flags["--drain-timeout"])
+def test_termination_grace_outlasts_the_drain(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
+) -> None:
+    health = configured[0].health
+    drain = health.drain_delay + health.drain_timeout
     assert _pod_spec(rendered)["terminationGracePeriodSeconds"] > drain
     assert "lifecycle" not in _container(rendered), "the router drains itself: no preStop"
 
@@ -266,34 +305,28 @@ def test_resources_request_a_core_and_cap_memory(rendered: list[dict[str, Any]])
     assert resources["limits"] == {"memory": "512Mi"}
 
 
-def test_arguments_select_the_overlays_discovery_mode(
-    rendered: list[dict[str, Any]], overlay: str
+def test_settings_come_from_the_config_map_and_the_overlays_variables(
+    rendered: list[dict[str, Any]], overlay: str, configured: tuple[Settings, dict[str, Setting]]
 ) -> None:
+    settings, chosen = configured
     container = _container(rendered)
-    assert container["args"][0] == "serve"
-    flags = _flags(container)
-    assert flags["--discovery"] == _DISCOVERY_MODES[overlay]
-    assert flags["--namespace"] == "$(POD_NAMESPACE)"
-    assert {"--label-selector", "--engine-port"} <= flags.keys()
-    env = {var["name"]: var for var in container["env"]}
-    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-
-
-def test_headcount_serve_accepts_the_arguments(
-    rendered: list[dict[str, Any]], overlay: str
-) -> None:
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_serve_arguments(parser)
-    args = [arg.replace("$(POD_NAMESPACE)", "llm") for arg in _container(rendered)["args"][1:]]
-    parsed, unknown = parser.parse_known_args(args)
-    assert unknown == []
-    settings = settings_from_args(parsed)
+    assert container["args"] == ["serve", "--config=/etc/headcount-config/headcount.toml"]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/headcount-config"]
+    assert mount["readOnly"] is True
+    assert chosen["port"].source is Source.FILE
     assert settings.discovery.mode.value == _DISCOVERY_MODES[overlay]
-    assert settings.discovery.namespace == "llm"
+    assert (settings.discovery.namespace, chosen["namespace"].source) == (
+        _POD_NAMESPACE,
+        Source.ENV,
+    )
+    assert chosen["label-selector"].source is Source.ENV
+    assert chosen["engine-port"].source is Source.ENV
 
 
-def test_engine_selector_does_not_match_the_router_itself(rendered: list[dict[str, Any]]) -> None:
-    selector = _flags(_container(rendered))["--label-selector"]
+def test_engine_selector_does_not_match_the_router_itself(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
+) -> None:
+    selector = configured[0].discovery.label_selector
     required = dict(term.split("=", 1) for term in selector.split(","))
     assert not _selects(required, _pod_labels(rendered))
 
@@ -325,14 +358,14 @@ def test_role_is_bound_to_the_routers_service_account(rendered: list[dict[str, A
 
 
 def test_service_exposes_the_api_and_the_admin_port_apart(
-    rendered: list[dict[str, Any]],
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
 ) -> None:
     spec = _one(rendered, "Service")["spec"]
     assert _selects(spec["selector"], _pod_labels(rendered))
     ports = {port["name"]: (port["port"], port["targetPort"]) for port in spec["ports"]}
     assert ports == {"http": (80, "http"), "admin": (9090, "admin")}
     annotations = _one(rendered, "Deployment")["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/port"] == _flags(_container(rendered))["--admin-port"]
+    assert annotations["prometheus.io/port"] == str(configured[0].server.admin_port)
 
 
 def _policy_sources(policy: dict[str, Any], port: str) -> list[list[dict[str, Any]]]:
@@ -562,11 +595,11 @@ def test_autoscaler_owns_the_routers_replicas(composed: list[dict[str, Any]]) ->
 
 
 def _deploy_readme_overlay() -> dict[str, Any]:
-    """The example overlay deploy/README.md gives a platform team (its first yaml block)."""
-    text = (DEPLOY / "README.md").read_text()
-    block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
-    assert block, "deploy/README.md shows an example overlay"
-    overlay: dict[str, Any] = yaml.safe_load(block.group(1))
+    """The example overlay deploy/README.md gives a platform team (its Kustomization)."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (DEPLOY / "README.md").read_text(), re.DOTALL)
+    overlays = [doc for doc in map(yaml.safe_load, blocks) if doc.get("kind") == "Kustomization"]
+    assert len(overlays) == 1, "deploy/README.md shows one example overlay"
+    overlay: dict[str, Any] = overlays[0]
     return overlay
 
 
