@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
@@ -90,3 +91,29 @@ async def test_serve_runs_as_the_config_file_the_environment_and_the_flags_say(
             process.send_signal(signal.SIGTERM)
             await asyncio.wait_for(process.wait(), 30)
             log.close()
+
+
+@pytest.mark.parametrize(
+    ("toml", "environ", "needle"),
+    [
+        ("prot = 8080\n", {}, ":1: unknown setting 'prot'; did you mean port (--port)?"),
+        ("port = 8080\n", {"HEADCOUNT_PORT": "http"}, "HEADCOUNT_PORT=http: invalid port"),
+    ],
+)
+def test_a_bad_setting_stops_serve_with_one_line_and_status_2(
+    tmp_path: Path, toml: str, environ: dict[str, str], needle: str
+) -> None:
+    config = tmp_path / "headcount.toml"
+    config.write_text(toml)
+    result = subprocess.run(
+        [*PYTHON_CLI, "serve", "--config", str(config)],
+        env={**os.environ, **environ},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("headcount serve: error: ")
+    assert needle in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
