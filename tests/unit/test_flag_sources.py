@@ -93,7 +93,10 @@ def test_values_read_as_their_flag_reads_them() -> None:
         ("ready-requires-fresh = 3\n", f"{FILE}:1: --ready-requires-fresh is true or false"),
         ("port = true\n", f"{FILE}:1: --port takes a value, not true or false"),
         ("[server]\nport = 1\n", f"{FILE}:1: unknown setting 'server'; settings are top-level"),
-        ("max-body-size = 1\nmax_body_size = 2\n", f"{FILE}:2: 'max_body_size' is set twice"),
+        (
+            "max-body-size = 1\nmax_body_size = 2\n",
+            f"{FILE}:2: 'max_body_size' is set twice (also at {FILE}:1)",
+        ),
         ("port = \n", f"{FILE}: not valid TOML: Invalid value (at line 1, column 8)"),
     ],
 )

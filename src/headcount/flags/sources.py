@@ -115,7 +115,7 @@ def from_toml(text: str, path: Path, flags: Mapping[str, argparse.Action]) -> di
             )
             raise ConfigError(f"{where}: unknown setting {key!r}{hint}")
         if flag in found:
-            raise ConfigError(f"{where}: {key!r} is set twice (as {found[flag].origin})")
+            raise ConfigError(f"{where}: {key!r} is set twice (also at {found[flag].origin})")
         found[flag] = Setting(flag, _convert(action, raw, where, flag), Source.FILE, where)
     return found
 
