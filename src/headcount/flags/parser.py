@@ -14,7 +14,7 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from headcount.config import ConfigError
@@ -26,6 +26,7 @@ __all__ = [
     "field_error",
     "given_flags",
     "lowercase",
+    "mark_given",
     "uppercase",
 ]
 
@@ -49,6 +50,12 @@ def field_error(error: ValueError) -> ConfigError:
     """A config dataclass's `ValueError("some_field must ...")` naming the flag `--some-field`."""
     field, _, reason = str(error).partition(" ")
     return ConfigError(f"--{field.replace('_', '-')} {reason}")
+
+
+def mark_given(ns: argparse.Namespace, flags: Iterable[str]) -> None:
+    """Count `flags` as given (`given_flags`): set from a config file or the environment."""
+    given: set[str] = getattr(ns, _GIVEN, set())
+    setattr(ns, _GIVEN, given | set(flags))
 
 
 def lowercase(text: str) -> str:
@@ -107,16 +114,17 @@ class CommandParser(argparse.ArgumentParser):
         """`parse_args`, with an unknown flag blamed on the subcommand it was given to."""
         ns, extras = self.parse_known_args(argv)
         if extras:
-            owner = self._chosen(ns)
+            owner = self.chosen(ns)
             owner.error(_unknown(extras, owner))
         return ns
 
-    def _chosen(self, ns: argparse.Namespace) -> CommandParser:
+    def chosen(self, ns: argparse.Namespace) -> CommandParser:
+        """The (sub)command parser whose command `ns` runs: its flags are the ones given."""
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
                 chosen = action.choices.get(getattr(ns, action.dest, None) or "")
                 if isinstance(chosen, CommandParser):
-                    return chosen._chosen(ns)
+                    return chosen.chosen(ns)
         return self
 
     def _flags(self) -> list[str]:
