@@ -430,14 +430,14 @@ class EventSubscriber:
 
     async def _read_replay(self, replies: _Replies) -> None:
         while True:
-            seq, batch = await replies.next()
-            if batch is None:
+            seq, payload = await replies.next()
+            if seq == END_SEQ:
                 return
             expected = 0 if self._last is None else self._last + 1
             if seq > expected:  # the engine no longer holds what was missed
                 raise _ReplayFailed(f"batch {expected} is not in it (it went on with {seq})")
             if seq == expected:
-                await self._deliver(seq, batch)
+                await self._deliver(seq, await replies.decode(payload))
             await self._within_budget()
 
     # ---------------------------------------------------------------- the liveness check
@@ -458,17 +458,18 @@ class EventSubscriber:
 
     async def _read_check(self, replies: _Replies) -> None:
         asked = self._last
-        seq, batch = await replies.next()
-        if batch is None and asked is not None:
+        seq, payload = await replies.next()
+        if seq == END_SEQ and asked is not None:
             self._restarted_quietly(asked)
             return
         gap: int | None = None
         """Where the missed batches the answer holds begin; None: none (yet)."""
         failed = False
         try:
-            while batch is not None:
+            while seq != END_SEQ:
                 expected = 0 if self._last is None else self._last + 1
-                if seq >= expected:
+                if seq >= expected:  # the one asked for was applied: it is not decoded again
+                    batch = await replies.decode(payload)
                     if gap is None and not failed:
                         gap = expected
                         self._note("gap", logging.INFO, "batches from %d missed, replaying", gap)
@@ -480,7 +481,7 @@ class EventSubscriber:
                         gap, failed = None, True
                     await self._deliver(seq, batch)
                     await self._within_budget()
-                seq, batch = await replies.next()
+                seq, payload = await replies.next()
         except BaseException:  # the timeout, an undecodable reply, or the end of the task
             if gap is not None:
                 self._replay_failed(gap, "the liveness check ended short")
@@ -550,8 +551,8 @@ class _Replies:
         for socket in (dealer, sub, monitor):
             self._poller.register(socket, zmq.POLLIN)
 
-    async def next(self) -> tuple[int, EventBatch | None]:
-        """The next replayed batch and its seq; `(END_SEQ, None)` at the end marker."""
+    async def next(self) -> tuple[int, bytes]:
+        """The next reply's seq (`END_SEQ` at the end marker) and payload, undecoded."""
         owner = self._owner
         while True:
             ready = dict(await self._poller.poll())
@@ -566,16 +567,16 @@ class _Replies:
         frames = await self._dealer.recv_multipart()
         owner._charge(frames)
         try:
-            seq, payload = parse_replay_reply(frames)
+            return parse_replay_reply(frames)
         except KvEventDecodeError as exc:
             owner._undecodable(exc)
             raise _ReplayFailed("an undecodable reply") from None
-        if seq == END_SEQ:
-            return seq, None
-        batch = await owner._decode(payload)
+
+    async def decode(self, payload: bytes) -> EventBatch:
+        batch = await self._owner._decode(payload)
         if batch is None:
             raise _ReplayFailed("an undecodable reply")
-        return seq, batch
+        return batch
 
 
 def _size(frames: list[bytes]) -> int:
