@@ -409,7 +409,7 @@ class EventSubscriber:
             try:
                 async with asyncio.timeout(self.target.replay_timeout):
                     await dealer.send_multipart(replay_request(start))
-                    await self._read_replay(_Replies(dealer, sub, monitor, self))
+                    await self._read_replay(_Replies(dealer, sub, monitor))
             except TimeoutError:
                 raise _ReplayFailed(f"no answer within {self.target.replay_timeout:g}s") from None
         if self._last is None or self._last < live - 1:
@@ -430,14 +430,14 @@ class EventSubscriber:
 
     async def _read_replay(self, replies: _Replies) -> None:
         while True:
-            seq, payload = await replies.next()
+            seq, payload = await self._next_reply(replies)
             if seq == END_SEQ:
                 return
             expected = 0 if self._last is None else self._last + 1
             if seq > expected:  # the engine no longer holds what was missed
                 raise _ReplayFailed(f"batch {expected} is not in it (it went on with {seq})")
             if seq == expected:
-                await self._deliver(seq, await replies.decode(payload))
+                await self._deliver(seq, await self._replayed_batch(payload))
             await self._within_budget()
 
     # ---------------------------------------------------------------- the liveness check
@@ -449,7 +449,7 @@ class EventSubscriber:
             with self._dealer() as dealer:
                 async with asyncio.timeout(self.target.replay_timeout):
                     await dealer.send_multipart(replay_request(self._last or 0))
-                    await self._read_check(_Replies(dealer, sub, monitor, self))
+                    await self._read_check(_Replies(dealer, sub, monitor))
         except TimeoutError:
             timeout = self.target.replay_timeout
             self._unconfirmed(f"no answer to the liveness check within {timeout:g}s")
@@ -458,7 +458,7 @@ class EventSubscriber:
 
     async def _read_check(self, replies: _Replies) -> None:
         asked = self._last
-        seq, payload = await replies.next()
+        seq, payload = await self._next_reply(replies)
         if seq == END_SEQ and asked is not None:
             self._restarted_quietly(asked)
             return
@@ -469,7 +469,7 @@ class EventSubscriber:
             while seq != END_SEQ:
                 expected = 0 if self._last is None else self._last + 1
                 if seq >= expected:  # the one asked for was applied: it is not decoded again
-                    batch = await replies.decode(payload)
+                    batch = await self._replayed_batch(payload)
                     if gap is None and not failed:
                         gap = expected
                         self._note("gap", logging.INFO, "batches from %d missed, replaying", gap)
@@ -481,7 +481,7 @@ class EventSubscriber:
                         gap, failed = None, True
                     await self._deliver(seq, batch)
                     await self._within_budget()
-                seq, payload = await replies.next()
+                seq, payload = await self._next_reply(replies)
         except BaseException:  # the timeout, an undecodable reply, or the end of the task
             if gap is not None:
                 self._replay_failed(gap, "the liveness check ended short")
@@ -512,6 +512,32 @@ class EventSubscriber:
             self._note("unanswered", logging.WARNING, "%s: the stream cannot be confirmed", why)
         self._sink.unconfirmed(why)
 
+    async def _next_reply(self, replies: _Replies) -> tuple[int, bytes]:
+        """The next reply's seq (`END_SEQ` at the end marker) and payload, undecoded."""
+        while True:
+            ready = dict(await replies.poller.poll())
+            if replies.monitor in ready:
+                self._on_monitor(await replies.monitor.recv_multipart())
+            if replies.sub in ready:
+                frames = await replies.sub.recv_multipart()
+                self._charge(frames)  # and again when it is read, if it is kept
+                self._hold(frames)
+            if replies.dealer in ready:
+                break
+        frames = await replies.dealer.recv_multipart()
+        self._charge(frames)
+        try:
+            return parse_replay_reply(frames)
+        except KvEventDecodeError as exc:
+            self._undecodable(exc)
+            raise _ReplayFailed("an undecodable reply") from None
+
+    async def _replayed_batch(self, payload: bytes) -> EventBatch:
+        batch = await self._decode(payload)
+        if batch is None:
+            raise _ReplayFailed("an undecodable reply")
+        return batch
+
     def _hold(self, frames: list[bytes]) -> None:
         """Keep a live frame for after the replay; past the bounds the oldest go (a gap the
         next replay may fill)."""
@@ -534,49 +560,18 @@ class EventSubscriber:
 
 
 class _Replies:
-    """The messages of one replay or check, read from its DEALER while the live frames that
-    arrive meanwhile are held for later and the monitor is followed."""
+    """The sockets one replay or check reads: its DEALER, and meanwhile the live frames
+    (held for later) and the monitor."""
 
-    __slots__ = ("_dealer", "_monitor", "_owner", "_poller", "_sub")
+    __slots__ = ("dealer", "monitor", "poller", "sub")
 
     def __init__(
-        self,
-        dealer: zmq.asyncio.Socket,
-        sub: zmq.asyncio.Socket,
-        monitor: zmq.asyncio.Socket,
-        owner: EventSubscriber,
+        self, dealer: zmq.asyncio.Socket, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
     ) -> None:
-        self._dealer, self._sub, self._monitor, self._owner = dealer, sub, monitor, owner
-        self._poller = zmq.asyncio.Poller()
+        self.dealer, self.sub, self.monitor = dealer, sub, monitor
+        self.poller = zmq.asyncio.Poller()
         for socket in (dealer, sub, monitor):
-            self._poller.register(socket, zmq.POLLIN)
-
-    async def next(self) -> tuple[int, bytes]:
-        """The next reply's seq (`END_SEQ` at the end marker) and payload, undecoded."""
-        owner = self._owner
-        while True:
-            ready = dict(await self._poller.poll())
-            if self._monitor in ready:
-                owner._on_monitor(await self._monitor.recv_multipart())
-            if self._sub in ready:
-                frames = await self._sub.recv_multipart()
-                owner._charge(frames)  # and again when it is read, if it is kept
-                owner._hold(frames)
-            if self._dealer in ready:
-                break
-        frames = await self._dealer.recv_multipart()
-        owner._charge(frames)
-        try:
-            return parse_replay_reply(frames)
-        except KvEventDecodeError as exc:
-            owner._undecodable(exc)
-            raise _ReplayFailed("an undecodable reply") from None
-
-    async def decode(self, payload: bytes) -> EventBatch:
-        batch = await self._owner._decode(payload)
-        if batch is None:
-            raise _ReplayFailed("an undecodable reply")
-        return batch
+            self.poller.register(socket, zmq.POLLIN)
 
 
 def _size(frames: list[bytes]) -> int:
