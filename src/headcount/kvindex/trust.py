@@ -13,8 +13,9 @@ the router recorded (`TrustFacts`) and the time; strongest first:
   surely has; routing ignores it for this engine. Either nothing confirmed
   the stream complete for `idle_timeout` (no batch in sequence, and the
   replay socket did not answer the liveness check: the subscriber asks it for
-  its latest batch after every `check interval` of silence, so a quiet engine
-  is confirmed as often as a busy one; traffic does not enter into it); or
+  what follows the last batch applied after every `check_interval` without
+  a batch, so a quiet engine is confirmed as often as a busy one; traffic
+  does not enter into it); or
   the engine's own hit counter contradicted the index's predictions over the
   last check window (the index was cleared then, and stays stale until a
   window agrees).
@@ -76,6 +77,7 @@ class TrustFacts:
     """When the stream was last shown complete in this session: a batch in sequence, or the
     publisher's answer to the liveness check; None: not yet."""
     confirmed_how: str = ""
+    """How it was last confirmed, in words for people: the reason `synced` gives."""
     unconfirmed_why: str | None = None
     """Why the last liveness check since `confirmed_at` failed; None: none failed."""
     disagreement: str | None = None
