@@ -346,7 +346,10 @@ async def build_kv_wiring(
     indexes = KvIndexes(
         fleet,
         subscriber=functools.partial(
-            EventSubscriber, max_frame=settings.max_frame, budget=settings.budget
+            EventSubscriber,
+            max_frame=settings.max_frame,
+            budget=settings.budget,
+            check_interval=settings.check_interval,
         ),
         port=settings.port,
         replay_port=settings.replay_port,

@@ -444,7 +444,11 @@ class KvEventsSettings:
     topic: str = ""
     """Subscribed topic prefix; vLLM's default topic is empty."""
     idle_timeout: float = 10.0
-    """An engine that answered our requests but sent no event for this long is stale."""
+    """An engine's stream that nothing confirmed complete for this long (no batch in sequence,
+    no answer to the liveness check) is stale."""
+    check_interval: float = 3.0
+    """After this long without a batch, the liveness check asks the engine's replay socket
+    whether a batch came after the last one applied (and at once on connecting)."""
     replay_timeout: float = 2.0
     """A gap's replay must answer within this, else the index is cleared and rebuilt."""
     max_frame: int = 2 * 1024 * 1024
@@ -495,11 +499,19 @@ class KvEventsSettings:
                 raise ConfigError(f"{flag} {size}: use at least 1MiB")
         _require_positive(
             ("--kv-events-idle-timeout", self.idle_timeout),
+            ("--kv-events-check-interval", self.check_interval),
             ("--kv-events-replay-timeout", self.replay_timeout),
             ("--kv-events-budget", self.budget),
             ("--tokenize-timeout", self.tokenize_timeout),
             ("--tokenizer-cache-size", self.tokenizer_cache_size),
         )
+        if self.check_interval + self.replay_timeout >= self.idle_timeout:
+            raise ConfigError(
+                f"--kv-events-check-interval {self.check_interval:g}s plus "
+                f"--kv-events-replay-timeout {self.replay_timeout:g}s must be under "
+                f"--kv-events-idle-timeout {self.idle_timeout:g}s: a quiet stream would turn "
+                "stale between two liveness checks"
+            )
         if self.max_frame < 1024:
             raise ConfigError(f"--kv-events-max-frame {self.max_frame}: use at least 1KiB")
         tokenizer = self.tokenizer

@@ -68,6 +68,12 @@ class RecordingSink:
     def clear(self, reason: ClearReason) -> None:
         self.calls.append(("clear", reason))
 
+    def confirmed(self, latest: int | None) -> None:
+        self.calls.append(("confirmed", latest))
+
+    def unconfirmed(self, why: str) -> None:
+        self.calls.append(("unconfirmed", why))
+
     def seqs(self) -> list[int]:
         return [seq for seq, _ in self.batches]
 
@@ -76,12 +82,23 @@ class RecordingSink:
         return [_marker(batch) for _, batch in self.batches]
 
     def control(self) -> list[tuple[object, ...]]:
-        """Every call but the batches."""
-        return [call for call in self.calls if call[0] != "batch"]
+        """Every call but the batches and the liveness check's."""
+        return [call for call in self.calls if call[0] not in _NOT_CONTROL]
+
+    def stream(self) -> list[tuple[object, ...]]:
+        """Every call but the liveness check's."""
+        return [call for call in self.calls if call[0] not in _NOT_CONTROL[1:]]
+
+    def checks(self) -> list[tuple[object, ...]]:
+        """The liveness check's calls."""
+        return [call for call in self.calls if call[0] in ("confirmed", "unconfirmed")]
 
     def forget(self) -> None:
         self.calls.clear()
         self.batches.clear()
+
+
+_NOT_CONTROL = ("batch", "confirmed", "unconfirmed")
 
 
 def _marker(batch: EventBatch) -> int:
@@ -125,6 +142,11 @@ class Steps:
         return calls
 
 
+async def first_check(sink: RecordingSink) -> None:
+    """Wait for the end of the liveness check the subscriber makes on connecting."""
+    await wait_until(lambda: bool(sink.checks()), what="the first liveness check")
+
+
 def _replaying(sink: RecordingSink) -> bool:
     gaps = sum(call[0] == "gap" for call in sink.calls)
     return gaps > sum(call[0] == "replayed" for call in sink.calls)
@@ -157,7 +179,7 @@ def target_of(publisher: KvEventPublisher) -> SubscriberTarget:
 
 @contextlib.asynccontextmanager
 async def subscribing(
-    target: SubscriberTarget, *, held_limit: int = 10_000
+    target: SubscriberTarget, *, held_limit: int = 10_000, check_interval: float = 30.0
 ) -> AsyncIterator[tuple[EventSubscriber, RecordingSink]]:
     """A running subscriber; on exit it must still be running, and end cancelled."""
     sink = RecordingSink()
@@ -167,6 +189,7 @@ async def subscribing(
         reconnect_ivl=0.05,
         reconnect_ivl_max=0.2,
         held_limit=held_limit,
+        check_interval=check_interval,
     )
     task = asyncio.create_task(subscriber.run())
     try:
@@ -181,10 +204,11 @@ async def subscribing(
 
 @contextlib.asynccontextmanager
 async def joined(
-    layout: Layout = "current", **kwargs: int
+    layout: Layout = "current", *, check_interval: float = 30.0, **kwargs: int
 ) -> AsyncIterator[tuple[Steps, EventSubscriber, RecordingSink]]:
     async with publishing(layout, **kwargs) as steps:
-        async with subscribing(target_of(steps.publisher)) as (subscriber, sink):
+        target = target_of(steps.publisher)
+        async with subscribing(target, check_interval=check_interval) as (subscriber, sink):
             await steps.join(sink)
             yield steps, subscriber, sink
 
@@ -290,24 +314,88 @@ async def test_an_unanswered_replay_clears_the_index_and_the_next_replay_works()
         assert subscriber.counts.replays == replays + 2
 
 
-async def test_a_late_joiner_is_replayed_from_zero() -> None:
+async def test_a_late_joiner_is_replayed_from_zero_at_once_by_the_liveness_check() -> None:
     async with publishing() as steps:
         before = steps.publish(5)
         await wait_until(lambda: steps.publisher.status()["next_seq"] == 5)
         async with subscribing(target_of(steps.publisher)) as (_, sink):
+            await first_check(sink)
+            assert sink.control() == [("connected", True), ("gap", 0, 1), ("replayed", True)]
+            assert sink.checks() == [("confirmed", 4)]
+            assert sink.seqs() == [0, 1, 2, 3, 4]
+            assert sink.markers() == before
 
-            def arrived() -> bool:
-                steps.publish(1)
-                return bool(sink.batches) and not _replaying(sink)
 
-            await wait_until(arrived, what="the subscriber joined")
-            assert sink.control()[0] == ("connected", True)
-            gap = sink.control()[1]
-            assert gap[:2] == ("gap", 0) and isinstance(gap[2], int) and gap[2] >= 5
-            assert sink.control()[2:] == [("replayed", True)]
-            assert sink.seqs()[0] == 0
-            assert sink.markers()[:5] == before
-            assert_in_sequence(sink)
+# ---------------------------------------------------------------- the liveness check
+
+CHECK = 0.1
+"""Seconds of silence before a liveness check, in these tests."""
+
+
+def last_seq(steps: Steps) -> int:
+    next_seq = steps.publisher.status()["next_seq"]
+    assert isinstance(next_seq, int)
+    return next_seq - 1
+
+
+async def test_a_quiet_stream_is_confirmed_again_and_again_without_a_gap() -> None:
+    async with joined(check_interval=CHECK) as (steps, subscriber, sink):
+        await wait_until(lambda: len(sink.checks()) >= 3, what="three liveness checks")
+        assert set(sink.checks()) == {("confirmed", last_seq(steps))}
+        assert sink.control() == [] and sink.batches == []
+        assert subscriber.counts.replays == 0
+
+
+async def test_batches_withheld_then_quiet_are_replayed_by_the_liveness_check() -> None:
+    async with joined(check_interval=CHECK) as (steps, _, sink):
+        base = last_seq(steps) + 1
+        steps.publisher.faults.silent = True
+        markers = steps.publish(3)
+        await received(sink, markers)
+        assert sink.markers() == markers
+        assert sink.control() == [("gap", base, base + 1), ("replayed", True)]
+        await wait_until(lambda: ("confirmed", base + 2) in sink.checks(), what="confirmed")
+
+
+async def test_a_liveness_check_past_the_replay_buffer_clears_the_index() -> None:
+    async with joined(check_interval=CHECK) as (steps, _, sink):
+        base = last_seq(steps) + 1
+        steps.publisher.faults.silent = True
+        steps.publisher.resize_replay_buffer(2)
+        markers = steps.publish(5)
+        await received(sink, markers)
+        assert sink.control() == [
+            ("gap", base, base + 4),
+            ("replayed", False),
+            ("clear", ClearReason.GAP),
+        ]
+        assert sink.markers() == markers[-2:]
+
+
+async def test_a_quiet_restart_is_found_by_the_liveness_check() -> None:
+    async with joined(check_interval=CHECK) as (steps, _, sink):
+        steps.publisher.restart()
+        await wait_until(lambda: ("confirmed", None) in sink.checks(), what="checked from 0")
+        assert sink.control() == [("clear", ClearReason.RESTART)]
+        markers = steps.publish(2)
+        await received(sink, markers)
+        assert sink.seqs() == [0, 1] and sink.control() == [("clear", ClearReason.RESTART)]
+
+
+async def test_an_unanswered_liveness_check_is_told_each_time_and_logged_once_per_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="headcount.kvindex.subscriber")
+    async with joined(check_interval=CHECK) as (steps, _, sink):
+        steps.publisher.faults.replay = False
+        await wait_until(lambda: len(sink.checks()) >= 3, what="three unanswered checks")
+        assert {call[0] for call in sink.checks()} == {"unconfirmed"}
+        assert sink.checks()[0] == ("unconfirmed", "no answer to the liveness check within 0.5s")
+        steps.publisher.faults.replay = True
+        await wait_until(lambda: sink.checks()[-1][0] == "confirmed", what="answered again")
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("the stream cannot be confirmed" in m for m in messages) == 1
+    assert sum("answers again" in m for m in messages) == 1
 
 
 # ---------------------------------------------------------------- restarts
@@ -432,12 +520,13 @@ async def test_an_undecodable_batch_is_counted_and_missed_and_the_task_survives(
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (subscriber, sink):
             await pub.subscribed()
+            await first_check(sink)
             await pub.send(0, payload(10))
             await pub.send(1, b"\xc1 not msgpack")
             await pub.socket.send_multipart([TOPIC.encode(), b"short"])
             await pub.send(2, payload(12))
             await received(sink, [12])
-            assert sink.calls == [
+            assert sink.stream() == [
                 ("connected", True),
                 ("batch", 0),
                 ("gap", 1, 2),
@@ -454,6 +543,7 @@ async def test_batches_of_another_data_parallel_rank_are_ignored_without_a_gap()
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (subscriber, sink):
             await pub.subscribed()
+            await first_check(sink)
             await pub.send(0, payload(10, rank=None))
             await pub.send(1, payload(11, rank=1))
             await pub.send(2, payload(12, rank=0))
@@ -489,6 +579,15 @@ class HandRouter:
         await self.socket.send_multipart([identity, *replay_end("current")])
 
 
+async def first_check_answered(router: HandRouter, sink: RecordingSink) -> None:
+    """Answer the liveness check the subscriber makes on connecting: nothing published."""
+    identity, start = await router.request()
+    assert start == 0
+    await router.answer(identity, {})
+    await first_check(sink)
+    assert sink.checks() == [("confirmed", None)]
+
+
 @contextlib.asynccontextmanager
 async def hand_made() -> AsyncIterator[tuple[HandPub, HandRouter, SubscriberTarget]]:
     router = HandRouter()
@@ -502,13 +601,14 @@ async def hand_made() -> AsyncIterator[tuple[HandPub, HandRouter, SubscriberTarg
 async def test_a_replay_that_ends_before_the_live_batch_clears_the_index() -> None:
     async with hand_made() as (pub, router, target), subscribing(target) as (_, sink):
         await pub.subscribed()
+        await first_check_answered(router, sink)
         await pub.send(0, payload(10))
         await pub.send(3, payload(13))
         identity, start = await router.request()
         assert start == 1
         await router.answer(identity, {1: 11})
         await received(sink, [13])
-        assert sink.calls[1:] == [
+        assert sink.stream()[1:] == [
             ("batch", 0),
             ("gap", 1, 3),
             ("batch", 1),
@@ -521,6 +621,7 @@ async def test_a_replay_that_ends_before_the_live_batch_clears_the_index() -> No
 async def test_a_late_answer_to_an_abandoned_replay_is_not_taken_for_the_next() -> None:
     async with hand_made() as (pub, router, target), subscribing(target) as (_, sink):
         await pub.subscribed()
+        await first_check_answered(router, sink)
         await pub.send(0, payload(10))
         await pub.send(2, payload(12))
         abandoned, _ = await router.request()
@@ -538,6 +639,7 @@ async def test_the_socket_of_an_abandoned_replay_is_closed() -> None:
     async with hand_made() as (pub, router, target), subscribing(target) as (_, sink):
         router.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         await pub.subscribed()
+        await first_check_answered(router, sink)
         await pub.send(0, payload(10))
         await pub.send(2, payload(12))
         abandoned, _ = await router.request()
@@ -559,6 +661,7 @@ async def test_live_batches_held_during_a_replay_are_bounded_and_the_rest_replay
         subscribing(replace(target, replay_timeout=5.0), held_limit=4) as (subscriber, sink),
     ):
         await pub.subscribed()
+        await first_check_answered(router, sink)
         await pub.send(0, payload(10))
         await pub.send(2, payload(12))
         identity, _ = await router.request()
@@ -605,6 +708,7 @@ async def test_a_burst_of_batches_lets_the_loop_run_between_any_two() -> None:
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (_, sink):
             await pub.subscribed()
+            await first_check(sink)
             with loop_turns_at_batches(sink) as seen:
                 for seq in range(500):
                     pub.socket.send_multipart(
@@ -642,6 +746,7 @@ async def test_a_frame_larger_than_the_bound_is_never_read_and_shows_as_a_gap() 
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (_, sink):
             await pub.subscribed()
+            await first_check(sink)
             await pub.send(0, payload(10))
             await received(sink, [10])
             await pub.send(1, padded(11, 3 * 1024 * 1024))  # over the 2 MiB default
@@ -662,6 +767,7 @@ async def test_a_batch_of_many_blocks_is_passed_on_in_slices_the_loop_running_be
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (subscriber, sink):
             await pub.subscribed()
+            await first_check(sink)
             with loop_turns_at_batches(sink) as seen:
                 await pub.send(0, dense(1, 5000))
                 await wait_until(
@@ -682,6 +788,7 @@ async def test_an_engine_over_its_budget_is_read_later() -> None:
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (subscriber, sink):
             await pub.subscribed()
+            await first_check(sink)
             record = sink.batch
             sink.batch = lambda seq, batch: (arrived.append(time.monotonic()), record(seq, batch))[
                 1
@@ -706,6 +813,7 @@ async def test_a_batch_nested_too_deep_to_decode_is_missed_and_the_task_survives
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (subscriber, sink):
             await pub.subscribed()
+            await first_check(sink)
             await pub.send(0, payload(10))
             await pub.send(1, nested(11, 5000))
             await pub.send(2, payload(12))
@@ -722,6 +830,7 @@ async def test_a_sequence_going_back_and_forth_is_logged_once_not_per_message(
     with hand_pub() as pub:
         async with subscribing(hand_target(pub)) as (_, sink):
             await pub.subscribed()
+            await first_check(sink)
             for seq in [0, 1] * 100:
                 await pub.send(seq, payload(10 + seq))
             await wait_until(lambda: len(sink.batches) == 200, what="every batch")
@@ -757,6 +866,7 @@ async def test_replays_are_budgeted_and_a_gap_past_the_budget_clears_without_ask
         answering_short(router) as starts,
     ):
         await pub.subscribed()
+        await first_check(sink)
         seqs = list(range(0, 40, 2))  # every message skips one
         for seq in seqs:
             await pub.send(seq, payload(10 + seq))
@@ -764,7 +874,8 @@ async def test_replays_are_budgeted_and_a_gap_past_the_budget_clears_without_ask
         assert sink.seqs() == seqs
         gaps = len(seqs) - 1
         assert sink.control().count(("clear", ClearReason.GAP)) == gaps
-        assert (subscriber.counts.replays, len(starts)) == (6, 6)
+        assert starts[0] == 0  # the liveness check on connecting
+        assert (subscriber.counts.replays, len(starts[1:])) == (6, 6)
         assert subscriber.counts.replays_refused == gaps - 6
 
 
@@ -774,6 +885,7 @@ async def test_live_frames_held_during_a_replay_are_bounded_in_bytes() -> None:
         subscribing(replace(target, replay_timeout=5.0)) as (subscriber, sink),
     ):
         await pub.subscribed()
+        await first_check_answered(router, sink)
         await pub.send(0, payload(10))
         await pub.send(2, payload(12))
         identity, _ = await router.request()

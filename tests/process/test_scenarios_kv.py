@@ -13,11 +13,13 @@ and the engine's own truth (`/sim/kv-cache/predict`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,9 @@ pytestmark = pytest.mark.timeout(90)
 MODEL = "sim-model"
 BLOCK = 16
 IDLE_TIMEOUT = 1.5
-"""--kv-events-idle-timeout: short, so a silent publisher turns stale within the test."""
+"""--kv-events-idle-timeout: short, so an unconfirmed stream turns stale within the test."""
+CHECK_INTERVAL = 0.3
+"""--kv-events-check-interval: under the idle timeout less the replay timeout (1 s)."""
 TIMEOUT = 10.0
 
 
@@ -54,7 +58,9 @@ class Fleet:
         return self.engines[name]
 
 
-def _config(host: str, port: int, name: str, events: tuple[int, int] | None) -> EngineSimConfig:
+def _config(
+    host: str, port: int, name: str, events: tuple[int, int] | None, token_delay: float = 0.0
+) -> EngineSimConfig:
     return EngineSimConfig(
         host=host,
         port=port,
@@ -63,6 +69,7 @@ def _config(host: str, port: int, name: str, events: tuple[int, int] | None) -> 
         kv_blocks=600,
         block_size=BLOCK,
         prefill_tokens_per_s=1_000_000.0,
+        token_delay=token_delay,
         kv_events=None if events is None else KvEventsConfig(events[0], replay_port=events[1]),
     )
 
@@ -79,21 +86,27 @@ def _router_flags(backends: Sequence[str], events: tuple[int, int]) -> RouterFla
             probe_interval=0.2,
             drain_delay=0,
             kv_events_idle_timeout=IDLE_TIMEOUT,
+            kv_events_check_interval=CHECK_INTERVAL,
             kv_events_replay_timeout=1.0,
         ),
     )
 
 
 @contextlib.asynccontextmanager
-async def kv_fleet(*publishing: bool, prefix: str = "127.0.5") -> AsyncIterator[Fleet]:
-    """A kv-aware router before one engine per entry, named a, b, ...; False: no publisher."""
+async def kv_fleet(
+    *publishing: bool, prefix: str = "127.0.5", token_delay: float = 0.0
+) -> AsyncIterator[Fleet]:
+    """A kv-aware router before one engine per entry, named a, b, ...; False: no publisher;
+    each generated token takes `token_delay`."""
     addresses = hosts(prefix, len(publishing))
     port, events, replay = (free_port_on_all(addresses) for _ in range(3))
     names = [chr(ord("a") + index) for index in range(len(publishing))]
     async with contextlib.AsyncExitStack() as stack:
         engines = {
             name: await stack.enter_async_context(
-                running_engine(_config(host, port, name, (events, replay) if on else None))
+                running_engine(
+                    _config(host, port, name, (events, replay) if on else None, token_delay)
+                )
             )
             for name, host, on in zip(names, addresses, publishing, strict=True)
         }
@@ -184,6 +197,18 @@ async def _states_are(fleet: Fleet, wanted: dict[str, str], *, field: str = "kv"
         views.get(name, {}).get("kv_index", {}).get("state") == state
         for name, state in wanted.items()
     )
+
+
+async def holds_for(seconds: float, condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Assert `condition` at every poll for `seconds` (an invariant over time, not a wait)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        assert await condition(), f"{what} no longer held"
+
+
+def name_of(fleet: Fleet, url: str) -> str:
+    return next(name for name, engine in fleet.engines.items() if engine.url == url)
 
 
 async def wait_for_kv(fleet: Fleet, what: str, **wanted: str) -> None:
@@ -278,25 +303,71 @@ async def test_a_gap_the_replay_cannot_fill_clears_the_index_and_routing_heals()
         assert await via_router(fleet, system_prompt("after"), "healed?") == expected
 
 
-async def test_a_silent_publisher_turns_stale_routing_ignores_it_and_it_recovers() -> None:
+async def test_repeated_cached_prompts_with_short_answers_keep_every_index_synced() -> None:
+    """A request that only hits the cache stores no block and sends no event: no alarm. The
+    first one's batch arrives before its answer (decoding takes time)."""
+    async with kv_fleet(True, True, prefix="127.0.14", token_delay=0.05) as fleet:
+        await wait_for_kv(fleet, "both indexes synced", a="synced", b="synced")
+        system = system_prompt("repeat")
+        question = "the same short question"
+        first = await via_router(fleet, system, question)
+        name = name_of(fleet, first.engine)
+        await wait_indexed(fleet, name, await truth(fleet, name, system, question) // BLOCK)
+        synced = functools.partial(_states_are, fleet, {"a": "synced", "b": "synced"})
+
+        async def still_cached_and_synced() -> bool:
+            receipt = await via_router(fleet, system, question)
+            assert receipt.engine == first.engine and receipt.predicted > 0, receipt
+            return await synced()
+
+        await holds_for(2 * IDLE_TIMEOUT, still_cached_and_synced, "repeats cached, all synced")
+        assert (await fleet.router.client.health())["status"] == "ok"
+
+
+async def test_a_new_prompt_then_quiet_keeps_the_index_synced_and_used() -> None:
+    """The engine's batch arrives before its answer (decoding takes time); no later one."""
+    async with kv_fleet(True, True, prefix="127.0.15", token_delay=0.1) as fleet:
+        await wait_for_kv(fleet, "both indexes synced", a="synced", b="synced")
+        system = system_prompt("quiet")
+        first = await via_router(fleet, system, "a new question")
+        name = name_of(fleet, first.engine)
+        cached = await truth(fleet, name, system, "next")
+        await wait_indexed(fleet, name, cached // BLOCK)
+        synced = functools.partial(_states_are, fleet, {"a": "synced", "b": "synced"})
+        await holds_for(2 * IDLE_TIMEOUT, synced, "both indexes synced while quiet")
+        assert await via_router(fleet, system, "next") == Receipt(first.engine, cached)
+
+
+async def test_a_publisher_that_does_not_answer_turns_stale_is_logged_and_recovers() -> None:
     async with kv_fleet(True, True, prefix="127.0.8") as fleet:
         await wait_for_kv(fleet, "both indexes synced", a="synced", b="synced")
         cached = await warm_directly(fleet, "a", system_prompt("hot"))
         await wait_indexed(fleet, "a", cached // BLOCK)
-        await fault(fleet, "a", silent=True)
-        first = await via_router(fleet, system_prompt("hot"), "a long new question " * 8)
-        assert first.engine == fleet.engine("a").url
+        await fault(fleet, "a", silent=True, replay=False)
         await wait_for_kv(fleet, "a stale after its idle timeout", a="stale")
         health = await fleet.router.client.health()
         assert health["status"] == "degraded"
-        assert "stale" in json.dumps(health)
+        assert "no answer to the liveness check" in json.dumps(health)
         for n in range(4):
             receipt = await via_router(fleet, system_prompt("hot"), f"while stale {n}")
             assert receipt.predicted == 0 or receipt.engine != fleet.engine("a").url
-        await fault(fleet, "a", silent=False)
-        await warm_directly(fleet, "a", system_prompt("wake"))
+        await fault(fleet, "a", silent=False, replay=True)
         await wait_for_kv(fleet, "a synced again", a="synced")
         assert (await fleet.router.client.health())["status"] == "ok"
+        log = fleet.router.log_path.read_text()
+        assert log.count("no answer to the liveness check within 1s: the stream cannot be") == 1
+        assert "answers again" in log
+
+
+async def test_batches_withheld_then_quiet_are_found_by_the_liveness_check() -> None:
+    async with kv_fleet(True, True, prefix="127.0.16") as fleet:
+        await wait_for_kv(fleet, "both indexes synced", a="synced", b="synced")
+        await fault(fleet, "a", silent=True)
+        cached = await warm_directly(fleet, "a", system_prompt("withheld"))
+        await wait_indexed(fleet, "a", cached // BLOCK)
+        assert await _at_least(fleet, "headcount_kv_event_gaps_total", 1)
+        receipt = await via_router(fleet, system_prompt("withheld"), "next")
+        assert receipt == Receipt(fleet.engine("a").url, cached)
 
 
 async def test_an_engine_restart_clears_its_index() -> None:
@@ -325,6 +396,12 @@ async def test_an_engine_without_a_publisher_is_off_and_routed_by_load() -> None
         assert fleet.engine("b").url in json.dumps(health) or "off" in json.dumps(health)
         engines = {(await via_router(fleet, system_prompt(f"t{n}"), "q")).engine for n in range(8)}
         assert engines == {fleet.engine("a").url, fleet.engine("b").url}
+        unreached = f"no publisher reached at tcp://{fleet.engine('b').config.host}:"
+        await wait_until(
+            lambda: unreached in fleet.router.log_path.read_text(),
+            timeout=TIMEOUT,
+            what="the publisher not reached logged",
+        )
 
 
 async def test_an_engine_removed_by_discovery_leaves_no_index_behind(tmp_path: Path) -> None:

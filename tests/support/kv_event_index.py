@@ -83,8 +83,8 @@ class EventIndex:
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         self.calls.append(("routed", engine_id, prompt_tokens, predicted_cached_tokens))
 
-    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
-        self.calls.append(("prefilled", engine_id, new_blocks, predicted_cached_tokens))
+    def prefilled(self, engine_id: str, predicted_cached_tokens: int) -> None:
+        self.calls.append(("prefilled", engine_id, predicted_cached_tokens))
 
 
 def _event(recorded: tuple[object, ...]) -> KvEvent:

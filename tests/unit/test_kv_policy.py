@@ -53,8 +53,8 @@ class FakeIndex:
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         self.calls.append(("routed", engine_id, prompt_tokens, predicted_cached_tokens))
 
-    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
-        self.calls.append(("prefilled", engine_id, new_blocks, predicted_cached_tokens))
+    def prefilled(self, engine_id: str, predicted_cached_tokens: int) -> None:
+        self.calls.append(("prefilled", engine_id, predicted_cached_tokens))
 
 
 def policy(index: FakeIndex, epsilon: float = 0.5) -> KvAware:
@@ -217,7 +217,7 @@ def test_dispatch_queues_the_uncached_tokens_and_tells_the_index() -> None:
     assert request.cached(target) == 40
     assert request.dispatch(target) == 60 and target.load.prefill_queued == 60
     request.prefilled(target)
-    assert index.calls == [("routed", "a", 100, 40), ("prefilled", "a", 25 - 10, 40)]
+    assert index.calls == [("routed", "a", 100, 40), ("prefilled", "a", 40)]
     assert request.receipt(target) == b"x-headcount-engine: a\r\nx-headcount-cached-tokens: 40\r\n"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import sys
 from collections.abc import AsyncIterator
 
@@ -59,9 +60,12 @@ class FakeSubscriber:
 
 
 @contextlib.asynccontextmanager
-async def following_a(**bounds: int) -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
+async def following_a(
+    idle_timeout: float = 3600.0, **bounds: int
+) -> AsyncIterator[tuple[Fleet, KvIndexes, FakeClock]]:
     """Indexes with fake subscribers (with `bounds`: `max_bytes`...) following a fleet of
-    engine a, on a fake clock; closed on exit."""
+    engine a, on a fake clock; closed on exit. Streams stay confirmed for `idle_timeout`
+    (an hour: the tests of other doubts need not play the liveness check)."""
     FakeSubscriber.started = []
     clock = FakeClock()
     fleet = Fleet(unhealthy_after=1, clock=clock)
@@ -71,7 +75,7 @@ async def following_a(**bounds: int) -> AsyncIterator[tuple[Fleet, KvIndexes, Fa
         port=5557,
         replay_port=5558,
         topic="",
-        idle_timeout=10.0,
+        idle_timeout=idle_timeout,
         replay_timeout=2.0,
         clock=clock,
         rebuild_window=30.0,
@@ -102,9 +106,10 @@ async def subscriber_of(engine_url_host: str) -> FakeSubscriber:
 
 
 async def engine_a_connected() -> StreamSink:
-    """Engine a's sink, its publisher reached, nothing sent yet."""
+    """Engine a's sink, its publisher reached and confirmed, nothing sent yet."""
     sink = (await subscriber_of("10.0.0.1")).sink
     sink.connected(True)
+    sink.confirmed(None)
     return sink
 
 
@@ -165,6 +170,7 @@ async def test_new_ports_mean_a_new_subscriber_and_an_empty_index(
     new = await subscriber_of(":7000")
     await wait_until(lambda: _true(old.cancelled), timeout=5, what="the old one cancelled")
     new.sink.connected(True)
+    new.sink.confirmed(None)
     assert indexes.match("a", KEYS) == 0
 
 
@@ -183,36 +189,85 @@ async def test_events_build_the_index_and_routing_reads_it_while_usable(
     assert (view.trust, view.blocks, view.events_applied) == (IndexTrust.SYNCED, 3, 2)
 
 
-async def test_overdue_events_make_it_stale_and_a_batch_makes_it_synced_again(
-    world: tuple[Fleet, KvIndexes, FakeClock],
+async def test_trust_follows_the_stream_s_confirmations_never_the_traffic() -> None:
+    async with following_a(idle_timeout=10.0) as (_, indexes, clock):
+        sink = await engine_a_holding_the_prompt()
+        for _ in range(3):  # answered from the cache: no event, no doubt
+            answered(indexes, 12)
+            clock.now += 9
+            indexes.tick()
+            assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 4)
+            sink.confirmed(0)
+        sink.unconfirmed("no answer to the liveness check within 2s")
+        clock.now += 9
+        indexes.tick()
+        assert _trust(indexes) is IndexTrust.SYNCED
+        clock.now += 1
+        indexes.tick()
+        view = indexes.view("a")
+        assert view is not None
+        assert (view.trust, view.reason) == (
+            IndexTrust.STALE,
+            "not confirmed for 10s: no answer to the liveness check within 2s",
+        )
+        assert indexes.match("a", KEYS) is None
+        sink.confirmed(0)
+        assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 4)
+        clock.now += 10
+        sink.batch(1, batch())
+        assert _trust(indexes) is IndexTrust.SYNCED
+
+
+async def test_a_session_is_off_until_confirmed_and_the_change_says_how(
+    world: tuple[Fleet, KvIndexes, FakeClock], caplog: pytest.LogCaptureFixture
 ) -> None:
-    _, indexes, clock = world
-    sink = await engine_a_holding_the_prompt()
-    indexes.prefilled("a", 0, 0)
-    clock.now += 60
-    indexes.tick()
-    assert indexes.match("a", KEYS) == 4  # nothing new was stored: no event was due
-    indexes.prefilled("a", 2, 0)
-    clock.now += 9
-    indexes.tick()
-    assert indexes.match("a", KEYS) == 4
-    clock.now += 2
-    indexes.tick()
-    assert indexes.match("a", KEYS) is None
+    caplog.set_level(logging.INFO, logger="headcount.kvindex.registry")
+    _, indexes, _ = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+    sink.connected(True)
     view = indexes.view("a")
-    assert view is not None
-    assert (view.trust, view.reason) == (
-        IndexTrust.STALE,
-        "no event for 11s after 1 request was answered",
+    assert view is not None and view.trust is IndexTrust.OFF
+    assert view.reason == (
+        "connected to tcp://10.0.0.1:5557, not yet confirmed: "
+        "waiting for a batch or an answer to the liveness check"
     )
-    sink.batch(1, batch())
-    assert indexes.match("a", KEYS) == 4
-    indexes.prefilled("a", 1, 0)
-    indexes.prefilled("a", 1, 0)
-    clock.now += 10
+    assert not [r for r in caplog.records if "->" in r.getMessage()]
+    sink.confirmed(None)
+    assert [r.getMessage() for r in caplog.records if "->" in r.getMessage()] == [
+        "kv index of a: off -> synced (the publisher has sent no batch: an empty cache)"
+    ]
+
+
+async def test_a_publisher_not_reached_is_logged_once_per_absence(
+    world: tuple[Fleet, KvIndexes, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="headcount.kvindex.registry")
+    _, indexes, clock = world
+    sink = (await subscriber_of("10.0.0.1")).sink
+
+    def unreached() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "for 3600s" in r.getMessage()]
+
+    clock.now += 3599
     indexes.tick()
-    view = indexes.view("a")
-    assert view is not None and view.reason == "no event for 10s after 2 requests were answered"
+    assert unreached() == []
+    clock.now += 1
+    indexes.tick()
+    clock.now += 3600
+    indexes.tick()
+    assert unreached() == [
+        "kv index of a: no publisher reached at tcp://10.0.0.1:5557 for 3600s (is vLLM's "
+        "--kv-events-config publishing there?); routed by load"
+    ]
+    assert caplog.records[-1].levelno == logging.WARNING
+    sink.connected(True)
+    sink.connected(False)
+    clock.now += 3600
+    indexes.tick()
+    assert unreached()[1:] == [
+        "kv index of a: lost the publisher at tcp://10.0.0.1:5557 for 3600s (is vLLM's "
+        "--kv-events-config publishing there?); routed by load"
+    ]
 
 
 async def test_a_gap_rebuilds_and_one_the_replay_cannot_fill_clears_then_heals(
@@ -272,6 +327,8 @@ async def test_a_lost_publisher_is_off_until_it_is_reached_again(
     view = indexes.view("a")
     assert view is not None and view.reason == "lost the publisher at tcp://10.0.0.1:5557"
     sink.connected(True)
+    assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.OFF, None)
+    sink.confirmed(0)
     assert (_trust(indexes), indexes.match("a", KEYS)) == (IndexTrust.SYNCED, 4)
 
 
@@ -380,6 +437,7 @@ async def test_after_a_subscriber_crash_the_index_is_rebuilding_never_synced(
 
     await wait_until(restarted, timeout=5, what="the subscriber started again")
     sink.connected(True)  # the new subscriber reached the publisher; what it missed is unknown
+    sink.confirmed(0)
     view = indexes.view("a")
     assert view is not None
     assert (view.trust, view.blocks, view.clears[ClearReason.GAP]) == (IndexTrust.REBUILDING, 0, 1)
@@ -398,7 +456,7 @@ def scrape(fleet: Fleet, indexes: KvIndexes, hits: float) -> None:
 def answered(indexes: KvIndexes, predicted: int) -> None:
     """A request routed to engine a, with `predicted` tokens cached, got its first byte."""
     indexes.routed("a", 16, predicted)
-    indexes.prefilled("a", 0, predicted)
+    indexes.prefilled("a", predicted)
 
 
 def _trust(indexes: KvIndexes) -> IndexTrust:

@@ -33,7 +33,7 @@ class ClaimedSizes:
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         pass
 
-    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
+    def prefilled(self, engine_id: str, predicted_cached_tokens: int) -> None:
         pass
 
 

@@ -16,7 +16,13 @@ def trust(facts: TrustFacts, now: float = 100.0) -> tuple[IndexTrust, str]:
 
 
 def connected(**facts: object) -> TrustFacts:
-    return TrustFacts(endpoint="tcp://e:5557", connected=True, ever_connected=True, **facts)  # type: ignore[arg-type]
+    """Connected, and confirmed just now unless `facts` say otherwise."""
+    return TrustFacts(  # type: ignore[arg-type]
+        endpoint="tcp://e:5557",
+        connected=True,
+        ever_connected=True,
+        **({"confirmed_at": 100.0, "confirmed_how": "batches in sequence"} | facts),
+    )
 
 
 def test_no_session_with_the_publisher_is_off_and_says_whether_it_ever_had_one() -> None:
@@ -24,21 +30,45 @@ def test_no_session_with_the_publisher_is_off_and_says_whether_it_ever_had_one()
         IndexTrust.OFF,
         "no publisher reached at tcp://e:5557",
     )
-    lost = TrustFacts("tcp://e:5557", ever_connected=True, awaiting_since=0.0)
+    lost = TrustFacts("tcp://e:5557", ever_connected=True, confirmed_at=100.0)
     assert trust(lost) == (IndexTrust.OFF, "lost the publisher at tcp://e:5557")
 
 
-def test_a_connected_stream_with_nothing_amiss_is_synced() -> None:
-    assert trust(connected()) == (IndexTrust.SYNCED, "events flowing")
+def test_a_confirmed_stream_with_nothing_amiss_is_synced_and_says_how_it_was_confirmed() -> None:
+    assert trust(connected()) == (IndexTrust.SYNCED, "batches in sequence")
 
 
-def test_events_overdue_after_the_engine_answered_make_it_stale_until_they_come() -> None:
-    facts = connected(awaiting_since=100.0, awaiting_answers=3)
+def test_a_session_nothing_has_confirmed_yet_is_off_and_says_what_it_waits_for() -> None:
+    assert trust(connected(confirmed_at=None)) == (
+        IndexTrust.OFF,
+        "connected to tcp://e:5557, not yet confirmed: "
+        "waiting for a batch or an answer to the liveness check",
+    )
+    failed = connected(confirmed_at=None, unconfirmed_why="no answer within 2s")
+    assert trust(failed) == (
+        IndexTrust.OFF,
+        "connected to tcp://e:5557, not yet confirmed: no answer within 2s",
+    )
+
+
+def test_silence_alone_is_no_doubt_while_the_stream_is_confirmed() -> None:
+    facts = connected(confirmed_at=100.0)
     assert trust(facts, 100.0 + IDLE - 0.1)[0] is IndexTrust.SYNCED
-    state, reason = trust(facts, 100.0 + IDLE + 2)
-    assert state is IndexTrust.STALE
-    assert reason == "no event for 12s after 3 requests were answered"
-    facts.awaiting_since = None
+
+
+def test_a_stream_unconfirmed_for_the_idle_timeout_is_stale_until_confirmed_again() -> None:
+    facts = connected(confirmed_at=100.0, unconfirmed_why="no answer within 2s")
+    assert trust(facts, 100.0 + IDLE - 0.1)[0] is IndexTrust.SYNCED
+    assert trust(facts, 100.0 + IDLE + 2) == (
+        IndexTrust.STALE,
+        "not confirmed for 12s: no answer within 2s",
+    )
+    stuck = connected(confirmed_at=100.0)
+    assert trust(stuck, 100.0 + IDLE) == (
+        IndexTrust.STALE,
+        "not confirmed for 10s: no batch and no liveness check answered",
+    )
+    facts.confirmed_at, facts.unconfirmed_why = 200.0, None
     assert trust(facts, 200.0)[0] is IndexTrust.SYNCED
 
 
@@ -59,8 +89,12 @@ def test_an_open_gap_is_rebuilding_until_replayed() -> None:
 @pytest.mark.parametrize("field", ["rebuilding_since", "unknown_parent_at"])
 def test_an_incomplete_index_rebuilds_for_a_window_then_is_synced(field: str) -> None:
     facts = connected(**{field: 100.0}, rebuilding_why="a gap the replay could not fill")
-    assert trust(facts, 100.0 + WINDOW - 1)[0] is IndexTrust.REBUILDING
-    assert trust(facts, 100.0 + WINDOW)[0] is IndexTrust.SYNCED
+    for now, state in (
+        (100.0 + WINDOW - 1, IndexTrust.REBUILDING),
+        (100.0 + WINDOW, IndexTrust.SYNCED),
+    ):
+        facts.confirmed_at = now
+        assert trust(facts, now)[0] is state
 
 
 def test_the_strongest_doubt_wins() -> None:
@@ -69,13 +103,19 @@ def test_the_strongest_doubt_wins() -> None:
         ever_connected=True,
         gap=(1, 2),
         rebuilding_since=99.0,
-        awaiting_since=0.0,
         disagreement="no",
     )
     assert trust(everything)[0] is IndexTrust.OFF
     everything.connected = True
-    assert trust(everything)[0] is IndexTrust.STALE
-    everything.awaiting_since = everything.disagreement = None
+    assert trust(everything)[0] is IndexTrust.OFF  # not yet confirmed
+    everything.confirmed_at = 100.0 - IDLE
+    assert trust(everything) == (
+        IndexTrust.STALE,
+        "not confirmed for 10s: no batch and no liveness check answered",
+    )
+    everything.confirmed_at = 100.0
+    assert trust(everything) == (IndexTrust.STALE, "no")
+    everything.disagreement = None
     assert trust(everything)[0] is IndexTrust.REBUILDING
 
 

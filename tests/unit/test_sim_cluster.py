@@ -56,6 +56,7 @@ def test_every_timing_reaches_the_setting_its_flag_names() -> None:
         drain_delay=0,
         drain_timeout=4,
         kv_events_idle_timeout=3,
+        kv_events_check_interval=1.5,
         kv_events_replay_timeout=0.7,
         limits_store_timeout=0.15,
     )
@@ -76,7 +77,7 @@ def test_every_timing_reaches_the_setting_its_flag_names() -> None:
     assert (health.discovery_stale_after, health.discovery_dead_after) == (2.5, 7)
     assert (health.drain_delay, health.drain_timeout) == (0, 4)
     kv = settings.kv_events
-    assert (kv.idle_timeout, kv.replay_timeout) == (3, 0.7)
+    assert (kv.idle_timeout, kv.check_interval, kv.replay_timeout) == (3, 1.5, 0.7)
     assert settings.flow.limits_store_timeout == 0.15
 
 

@@ -465,8 +465,19 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_duration,
         default=kv_d.idle_timeout,
         help=duration_help(
-            "an engine we route to that sends no event for this long has a stale index",
+            "an engine whose stream nothing confirmed for this long (no batch in sequence, no "
+            "answer to the liveness check) has a stale index",
             kv_d.idle_timeout,
+        ),
+    )
+    kv.add_argument(
+        "--kv-events-check-interval",
+        type=parse_duration,
+        default=kv_d.check_interval,
+        help=duration_help(
+            "after this long without a batch, ask the engine's replay socket for its latest "
+            "batch (the liveness check)",
+            kv_d.check_interval,
         ),
     )
     kv.add_argument(
@@ -624,6 +635,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             replay_port=ns.kv_events_replay_port,
             topic=ns.kv_events_topic,
             idle_timeout=ns.kv_events_idle_timeout,
+            check_interval=ns.kv_events_check_interval,
             replay_timeout=ns.kv_events_replay_timeout,
             max_frame=ns.kv_events_max_frame,
             budget=ns.kv_events_budget,

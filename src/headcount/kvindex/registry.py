@@ -31,7 +31,10 @@ what the index predicted:
 
 Routing reads `match` (None for an unusable index), `block_size`, and tells
 `routed` (at dispatch) and `prefilled` (at a 2xx first byte); all are O(1) but
-`match`, O(the request's blocks).
+`match`, O(the request's blocks). Routing's traffic does not enter into trust:
+the stream's own liveness check does (`subscriber.py`). A publisher not
+reached for `idle_timeout` is logged once per absence (a lost one is logged
+when it is lost, as every change of trust is).
 
 Over 450 lines: an engine's sink (`_Tracked`) and the registry's tick write
 the same trust facts (the stream's, the scrape's, the memory share's), and
@@ -57,6 +60,7 @@ from headcount.kvindex.memory import IndexMemory
 from headcount.kvindex.stream import ClearReason, StreamSink, SubscriberFactory, SubscriberTarget
 from headcount.kvindex.trust import IndexTrust, TrustFacts, evaluate
 from headcount.kvindex.view import IndexView
+from headcount.log_limit import LogLimit
 
 __all__ = ["KvIndexes"]
 
@@ -68,8 +72,11 @@ _INCOMPLETE = {
     ClearReason.DISAGREEMENT: "the engine's hits contradicted the index",
 }
 """Clears that leave the engine's cache full while the index is empty."""
+_IN_SEQUENCE = "batches in sequence"
 _RESTART_DELAY = 1.0
 """Before a crashed subscriber is started again."""
+_LOG_EVERY = 60.0
+"""Seconds between two lines of one kind about one engine."""
 
 
 @dataclass(slots=True)
@@ -105,11 +112,51 @@ class _Tracked(StreamSink):
         self._unfilled: str | None = None
         """The missed batches of the last gap the replay could not fill."""
         self.window = _Window(owner.now(), None)
+        self.down_since: float | None = owner.now()
+        """When the session was lost (or the subscriber started); None: connected, or the
+        absence was logged."""
+        self.logs = LogLimit(_log, _LOG_EVERY, owner.now)
 
     def connected(self, up: bool) -> None:
-        self.facts.connected = up
-        self.facts.ever_connected |= up
+        facts = self.facts
+        facts.connected = up
+        facts.ever_connected |= up
+        if up:
+            facts.confirmed_at, facts.unconfirmed_why = None, None
+            self.down_since = None
+        elif self.down_since is None:
+            self.down_since = self._owner.now()
         self.refresh()
+
+    def confirmed(self, latest: int | None) -> None:
+        facts = self.facts
+        facts.confirmed_at, facts.unconfirmed_why = self._owner.now(), None
+        facts.confirmed_how = (
+            "the publisher has sent no batch: an empty cache"
+            if latest is None
+            else f"the publisher's latest batch, {latest}, is applied"
+        )
+        self.refresh()
+
+    def unconfirmed(self, why: str) -> None:
+        self.facts.unconfirmed_why = why
+        self.refresh()
+
+    def unreached(self, now: float, after: float) -> None:
+        """Log once a publisher that is not reached for `after` seconds."""
+        since = self.down_since
+        if since is None or now - since < after or self.facts.shared is not None:
+            return
+        self.down_since = None
+        self.logs.log(
+            "unreached",
+            logging.WARNING,
+            "kv index of %s: %s for %.0fs (is vLLM's --kv-events-config publishing there?); "
+            "routed by load",
+            self.name,
+            self.reason,
+            now - since,
+        )
 
     def batch(self, seq: int, batch: EventBatch) -> None:
         now = self._owner.now()
@@ -121,7 +168,8 @@ class _Tracked(StreamSink):
                 self._cleared(ClearReason.ALL_BLOCKS_CLEARED, now)
         self.events_applied += len(batch.events)
         self.last_event_at = now
-        self.facts.awaiting_since, self.facts.awaiting_answers = None, 0
+        facts = self.facts
+        facts.confirmed_at, facts.confirmed_how, facts.unconfirmed_why = now, _IN_SEQUENCE, None
         if self.index.refused > refused:
             limit = self.index.limit
             self.facts.refused_at = now
@@ -319,18 +367,12 @@ class KvIndexes:
         if tracked is not None:
             tracked.predicted_hit_tokens += predicted_cached_tokens
 
-    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
+    def prefilled(self, engine_id: str, predicted_cached_tokens: int) -> None:
         """Only requests the engine admitted (it answered) are held against its hit counter."""
         tracked = self._engines.get(engine_id)
-        if tracked is None:
-            return
-        tracked.window.predicted += predicted_cached_tokens
-        tracked.window.requests += 1
-        if new_blocks > 0:
-            facts = tracked.facts
-            if facts.awaiting_since is None:
-                facts.awaiting_since = self.now()
-            facts.awaiting_answers += 1
+        if tracked is not None:
+            tracked.window.predicted += predicted_cached_tokens
+            tracked.window.requests += 1
 
     # --- what the surfaces read
 
@@ -413,7 +455,7 @@ class KvIndexes:
             tracked.clear(ClearReason.GAP)  # what it missed meanwhile: hints until shown again
             await self._sleep(_RESTART_DELAY)
 
-    # --- the tick: capacity, the engine's own hit counter, idle timeouts
+    # --- the tick: capacity, the engine's own hit counter, what the clock changes
 
     async def _tick_forever(self) -> None:
         while True:
@@ -442,6 +484,7 @@ class KvIndexes:
             if tracked.index.keeps_hints and (since is None or now - since >= self.rebuild_window):
                 tracked.index.drop_hints()
             tracked.refresh()
+            tracked.unreached(now, self.idle_timeout)
 
     @staticmethod
     def _counter_went_back(tracked: _Tracked, window: _Window, now: float) -> None:

@@ -52,6 +52,14 @@ class StreamSink(Protocol):
     def clear(self, reason: ClearReason) -> None:
         """Forget everything the engine held; what follows starts from empty."""
 
+    def confirmed(self, latest: int | None) -> None:
+        """The publisher answered the liveness check: batch `latest` (None: none at all) is
+        its newest, and every batch up to it was passed on."""
+
+    def unconfirmed(self, why: str) -> None:
+        """The liveness check failed (`why`, in words for people): nothing says the stream
+        is complete, or that it is not."""
+
 
 @dataclass(frozen=True, slots=True)
 class SubscriberTarget:

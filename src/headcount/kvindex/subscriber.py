@@ -19,7 +19,21 @@ only what the index must act on (docs/RESEARCH-kv-events.md §6(b)):
 - whether the SUB socket holds a ZMTP session with the publisher, from a
   socket monitor (`connected`, on change only). A completed handshake, not a
   TCP connect, counts as connected, so a port held by something else is not a
-  publisher; heartbeats make a silently dead peer count as disconnected.
+  publisher; heartbeats make a silently dead peer count as disconnected;
+- whether the stream is complete, whatever the traffic (`confirmed`,
+  `unconfirmed`): a batch in sequence shows it; after `check_interval`
+  without one (and at once on connecting), the liveness check asks the
+  replay socket for every batch from the last one applied on, on a new
+  DEALER, within `replay_timeout`. vLLM's replay answers every buffered batch
+  whose seq is at least the one asked for, then the end marker, and it
+  buffers a batch as it publishes it, so the answer is exact and, when
+  nothing was missed, one batch: the last applied, then the end (confirmed).
+  Batches after it were missed (or are on their way): a gap, replayed from
+  the answer itself; an answer that starts later than asked is a gap it
+  cannot fill; an answer without the last applied batch means the sequence
+  went back (a restart with no batch since, or fewer than before): the index
+  is cleared and checked again from 0. No answer: `unconfirmed`, logged once
+  per change.
 
 Every message is awaited through a poller, which lets the loop run between
 any two. What a stream costs is the router's choice, never the engine's: ZMQ
@@ -34,6 +48,10 @@ missed batch (the next one reveals the gap), never the end of the task; and
 each log line an engine can provoke is rate-limited per kind (`LogLimit`).
 Data-parallel engines are left out: one subscriber per engine, on rank 0's
 port, and batches of another rank are ignored and counted.
+
+Over 450 lines: the live stream, the replay of a gap and the liveness check
+share the sequence (`_last`), the frames held meanwhile and the budgets;
+split apart, each would reach into the others' state.
 """
 
 from __future__ import annotations
@@ -43,6 +61,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import zmq
@@ -140,6 +159,7 @@ class EventSubscriber:
         held_limit: int = 10_000,
         max_frame: int = KvEventsSettings.max_frame,
         budget: int = KvEventsSettings.budget,
+        check_interval: float = KvEventsSettings.check_interval,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
@@ -156,6 +176,12 @@ class EventSubscriber:
         }
         self._limits = {zmq.MAXMSGSIZE: max_frame, zmq.RCVHWM: _QUEUED, zmq.LINGER: 0}
         self._sleep = sleep
+        self._clock = clock
+        self._check_interval = check_interval
+        self._check_at: float | None = None
+        """When the next liveness check is due; None while not connected."""
+        self._answering = True
+        """Whether the last liveness check was answered: its failures are logged on change."""
         self._budget = Budget(budget, budget, clock)
         self._replays = Budget(_REPLAYS / 60.0, _REPLAYS, clock)
         self._logs = LogLimit(_log, _LOG_EVERY, clock)
@@ -204,11 +230,15 @@ class EventSubscriber:
                 await self._on_live(frames, sub, monitor)
                 await asyncio.sleep(0)  # held frames skip the poller, which would yield
                 continue
-            ready = dict(await poller.poll())
+            check_at = self._check_at
+            due = None if check_at is None else max(0, round((check_at - self._clock()) * 1000))
+            ready = dict(await poller.poll(due))
             if monitor in ready:
                 self._on_monitor(await monitor.recv_multipart())
             if sub in ready:
                 await self._on_live(await sub.recv_multipart(), sub, monitor)
+            elif not ready and self._check_at is not None:
+                await self._check(sub, monitor)
 
     # ---------------------------------------------------------------- what it may cost
 
@@ -244,9 +274,10 @@ class EventSubscriber:
         if up == self._connected:
             return
         self._connected = up
+        self._check_at = self._clock() if up else None
         if up:
             self._redial.up()
-            self._note("connected", logging.INFO, "connected")
+            self._note("connected", logging.INFO, "connected, confirming the stream")
         else:
             self._note("disconnected", logging.WARNING, "disconnected")
             if event & zmq.EVENT_DISCONNECTED:  # ZMQ never redials after a protocol error
@@ -327,25 +358,30 @@ class EventSubscriber:
         try:
             await self._replay(expected, seq, sub, monitor)
         except _ReplayFailed as failure:
-            self._note(
-                "replay failed",
-                logging.WARNING,
-                "replay from %d failed (%s); index cleared, rebuilding",
-                expected,
-                failure,
-            )
-            self._sink.replayed(False)
-            self._sink.clear(ClearReason.GAP)
-            self._last = None
+            self._replay_failed(expected, str(failure))
         else:
             self._note("replay filled", logging.INFO, "replay filled the gap")
             self._sink.replayed(True)
         if self._last is None or seq > self._last:
             await self._deliver(seq, batch)
 
+    def _replay_failed(self, expected: int, why: str) -> None:
+        self._note(
+            "replay failed",
+            logging.WARNING,
+            "replay from %d failed (%s); index cleared, rebuilding",
+            expected,
+            why,
+        )
+        self._sink.replayed(False)
+        self._sink.clear(ClearReason.GAP)
+        self._last = None
+
     async def _deliver(self, seq: int, batch: EventBatch) -> None:
         """Pass `batch` on in slices of bounded work (one, mostly), the loop running between."""
         self._last = seq
+        if self._check_at is not None:
+            self._check_at = self._clock() + self._check_interval
         if batch.data_parallel_rank not in (None, _RANK):
             self.counts.other_rank += 1
             return
@@ -369,56 +405,138 @@ class EventSubscriber:
             self.counts.replays_refused += 1
             raise _ReplayFailed(f"its budget of {_REPLAYS} replays a minute is spent")
         self.counts.replays += 1
-        dealer = self._context.socket(zmq.DEALER)  # never reused: a late answer must not
-        try:  # confuse the next replay
-            for option, value in self._limits.items():
-                dealer.setsockopt(option, value)
-            dealer.connect(self.target.replay_endpoint)
+        with self._dealer() as dealer:
             try:
                 async with asyncio.timeout(self.target.replay_timeout):
                     await dealer.send_multipart(replay_request(start))
-                    await self._read_replay(dealer, sub, monitor)
+                    await self._read_replay(_Replies(dealer, sub, monitor))
             except TimeoutError:
                 raise _ReplayFailed(f"no answer within {self.target.replay_timeout:g}s") from None
-        finally:
-            dealer.close(linger=0)
         if self._last is None or self._last < live - 1:
             raise _ReplayFailed(f"it ended at {self._last}, before {live - 1}")
 
-    async def _read_replay(
-        self, dealer: zmq.asyncio.Socket, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
-    ) -> None:
-        poller = zmq.asyncio.Poller()
-        for socket in (dealer, sub, monitor):
-            poller.register(socket, zmq.POLLIN)
+    @contextlib.contextmanager
+    def _dealer(self) -> Iterator[zmq.asyncio.Socket]:
+        """A DEALER on the replay socket, never reused: a late answer must not confuse the
+        next replay or check."""
+        dealer = self._context.socket(zmq.DEALER)
+        try:
+            for option, value in self._limits.items():
+                dealer.setsockopt(option, value)
+            dealer.connect(self.target.replay_endpoint)
+            yield dealer
+        finally:
+            dealer.close(linger=0)
+
+    async def _read_replay(self, replies: _Replies) -> None:
         while True:
-            ready = dict(await poller.poll())
-            if monitor in ready:
-                self._on_monitor(await monitor.recv_multipart())
-            if sub in ready:
-                frames = await sub.recv_multipart()
-                self._charge(frames)  # and again when it is read, if it is kept
-                self._hold(frames)
-            if dealer not in ready:
-                continue
-            frames = await dealer.recv_multipart()
-            self._charge(frames)
-            try:
-                seq, payload = parse_replay_reply(frames)
-            except KvEventDecodeError as exc:
-                self._undecodable(exc)
-                raise _ReplayFailed("an undecodable reply") from None
+            seq, payload = await self._next_reply(replies)
             if seq == END_SEQ:
                 return
-            batch = await self._decode(payload)
-            if batch is None:
-                raise _ReplayFailed("an undecodable reply")
             expected = 0 if self._last is None else self._last + 1
             if seq > expected:  # the engine no longer holds what was missed
                 raise _ReplayFailed(f"batch {expected} is not in it (it went on with {seq})")
             if seq == expected:
-                await self._deliver(seq, batch)
+                await self._deliver(seq, await self._replayed_batch(payload))
             await self._within_budget()
+
+    # ---------------------------------------------------------------- the liveness check
+
+    async def _check(self, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
+        """Ask the replay socket for every batch from the last one applied on (see above)."""
+        self._check_at = self._clock() + self._check_interval
+        try:
+            with self._dealer() as dealer:
+                async with asyncio.timeout(self.target.replay_timeout):
+                    await dealer.send_multipart(replay_request(self._last or 0))
+                    await self._read_check(_Replies(dealer, sub, monitor))
+        except TimeoutError:
+            timeout = self.target.replay_timeout
+            self._unconfirmed(f"no answer to the liveness check within {timeout:g}s")
+        except _ReplayFailed as failure:
+            self._unconfirmed(f"the liveness check got {failure}")
+
+    async def _read_check(self, replies: _Replies) -> None:
+        asked = self._last
+        seq, payload = await self._next_reply(replies)
+        if seq == END_SEQ and asked is not None:
+            self._restarted_quietly(asked)
+            return
+        gap: int | None = None
+        """Where the missed batches the answer holds begin; None: none (yet)."""
+        failed = False
+        try:
+            while seq != END_SEQ:
+                expected = 0 if self._last is None else self._last + 1
+                if seq >= expected:  # the one asked for was applied: it is not decoded again
+                    batch = await self._replayed_batch(payload)
+                    if gap is None and not failed:
+                        gap = expected
+                        self._note("gap", logging.INFO, "batches from %d missed, replaying", gap)
+                        self._sink.gap(gap, seq + 1)
+                    if seq > expected and gap is not None:
+                        self._replay_failed(
+                            gap, f"batch {expected} is not in it (it went on with {seq})"
+                        )
+                        gap, failed = None, True
+                    await self._deliver(seq, batch)
+                    await self._within_budget()
+                seq, payload = await self._next_reply(replies)
+        except BaseException:  # the timeout, an undecodable reply, or the end of the task
+            if gap is not None:
+                self._replay_failed(gap, "the liveness check ended short")
+            raise
+        if gap is not None:
+            self._note("replay filled", logging.INFO, "replay filled the gap")
+            self._sink.replayed(True)
+        if not self._answering:
+            self._answering = True
+            self._note("answering", logging.INFO, "its replay socket answers again")
+        self._sink.confirmed(self._last)
+
+    def _restarted_quietly(self, asked: int) -> None:
+        """The publisher no longer holds batch `asked`, nor any after: its sequence went back."""
+        self._note(
+            "restart",
+            logging.WARNING,
+            "the publisher holds no batch from %d on, the engine restarted",
+            asked,
+        )
+        self._sink.clear(ClearReason.RESTART)
+        self._last = self._live = None
+        self._check_at = self._clock()
+
+    def _unconfirmed(self, why: str) -> None:
+        if self._answering:
+            self._answering = False
+            self._note("unanswered", logging.WARNING, "%s: the stream cannot be confirmed", why)
+        self._sink.unconfirmed(why)
+
+    async def _next_reply(self, replies: _Replies) -> tuple[int, bytes]:
+        """The next reply's seq (`END_SEQ` at the end marker) and payload, undecoded."""
+        while True:
+            ready = dict(await replies.poller.poll())
+            if replies.monitor in ready:
+                self._on_monitor(await replies.monitor.recv_multipart())
+            if replies.sub in ready:
+                frames = await replies.sub.recv_multipart()
+                self._charge(frames)  # and again when it is read, if it is kept
+                self._hold(frames)
+            if replies.dealer in ready:
+                break
+        frames = await replies.dealer.recv_multipart()
+        self._charge(frames)
+        try:
+            return parse_replay_reply(frames)
+        except KvEventDecodeError as exc:
+            self._undecodable(exc)
+            raise _ReplayFailed("an undecodable reply") from None
+
+    async def _replayed_batch(self, payload: bytes) -> EventBatch:
+        batch = await self._decode(payload)
+        if batch is None:
+            raise _ReplayFailed("an undecodable reply")
+        return batch
 
     def _hold(self, frames: list[bytes]) -> None:
         """Keep a live frame for after the replay; past the bounds the oldest go (a gap the
@@ -439,6 +557,21 @@ class EventSubscriber:
             type(exc).__name__,
             exc,
         )
+
+
+class _Replies:
+    """The sockets one replay or check reads: its DEALER, and meanwhile the live frames
+    (held for later) and the monitor."""
+
+    __slots__ = ("dealer", "monitor", "poller", "sub")
+
+    def __init__(
+        self, dealer: zmq.asyncio.Socket, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
+    ) -> None:
+        self.dealer, self.sub, self.monitor = dealer, sub, monitor
+        self.poller = zmq.asyncio.Poller()
+        for socket in (dealer, sub, monitor):
+            self.poller.register(socket, zmq.POLLIN)
 
 
 def _size(frames: list[bytes]) -> int:

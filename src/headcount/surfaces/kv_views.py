@@ -26,7 +26,7 @@ class IndexStatus(Protocol):
     def trust(self) -> IndexTrust: ...
     @property
     def reason(self) -> str:
-        """Why it is in that state, for people ("no event for 12s", "replay failed")."""
+        """Why it is in that state, for people ("not confirmed for 12s: ...", "replay failed")."""
 
     @property
     def blocks(self) -> int: ...

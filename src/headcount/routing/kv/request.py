@@ -44,9 +44,9 @@ class KvIndexView(Protocol):
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         """A request was dispatched to the engine."""
 
-    def prefilled(self, engine_id: str, new_blocks: int, predicted_cached_tokens: int) -> None:
-        """The engine's first response byte came (a 2xx): it has admitted the request, found
-        what it had cached of the prompt, and stored `new_blocks` more full blocks."""
+    def prefilled(self, engine_id: str, predicted_cached_tokens: int) -> None:
+        """The engine's first response byte came (a 2xx): it has admitted the request and
+        found what it had cached of the prompt (its hit counter has counted it)."""
 
 
 class KvRequest:
@@ -104,14 +104,9 @@ class KvRequest:
         return uncached
 
     def prefilled(self, engine: Engine) -> None:
-        """`engine` answered: its cache now holds the prompt's full blocks."""
-        ids = self.ids
-        size = self._index.block_size(engine.id)
-        if ids is None or size is None or size <= 0:
-            return
-        cached = self.predicted.get(engine.id, 0)
-        new_blocks = len(ids) // size - cached // size
-        self._index.prefilled(engine.id, max(0, new_blocks), cached)
+        """`engine` answered: what was predicted cached there is held against its hits."""
+        if self.ids is not None and engine.id in self.predicted:
+            self._index.prefilled(engine.id, self.predicted[engine.id])
 
     def receipt(self, engine: Engine) -> bytes:
         """The route receipt's header lines for a response from `engine`."""

@@ -39,6 +39,7 @@ class Timings:
     drain_delay: float | None = None
     drain_timeout: float | None = None
     kv_events_idle_timeout: float | None = None
+    kv_events_check_interval: float | None = None
     kv_events_replay_timeout: float | None = None
     limits_store_timeout: float | None = None
 
