@@ -89,6 +89,7 @@ from headcount.proxy.headers import find_header, is_event_stream, response_heade
 from headcount.proxy.metering import TappedResponder
 from headcount.proxy.resume import LIMIT, NO_ENGINE, UNREADABLE, Kind, Seam, continuation
 from headcount.proxy.stalls import StallWatch
+from headcount.proxy.stored_responses import IdTap, StoredResponses
 from headcount.proxy.transcript import Transcript
 from headcount.proxy.usage import UsageTap, usage_of
 from headcount.routing import Policy, RequestFeatures
@@ -186,6 +187,7 @@ class Exchange:
         "_stale_retried",
         "_started",
         "_status",
+        "_stored",
         "_streaming_in",
         "_suspect",
         "_task",
@@ -211,10 +213,13 @@ class Exchange:
         wire: tuple[bytes, bytes, bytes],
         path: bytes,
         ticket: Ticket | None = None,
+        *,
+        stored: StoredResponses | None = None,
     ) -> None:
         """`wire`: the request line, headers after `host` (blank line included), the body;
         `path` the request's, for the access log. `ticket`: flow control's hold, given back
-        at the end with the usage the answer reports (`metering.py`)."""
+        at the end with the usage the answer reports (`metering.py`). `stored`, for a
+        Responses create: learns which engine stores the response it answers."""
         self._context = context
         self._responder = responder
         self._loop = loop
@@ -251,6 +256,7 @@ class Exchange:
         self._gap_from = 0.0
         self._whole: tuple[ResponseHead, list[bytes]] | None = None
         self._whole_size = 0
+        self._stored = stored
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -318,7 +324,10 @@ class Exchange:
         return engine
 
     def _untried(self) -> Engine | None:
-        """The policy's choice among the model's candidates not tried yet, now tried."""
+        """The policy's choice among the model's candidates not tried yet, now tried (none
+        for a request only its first engine can answer)."""
+        if self._features.pinned:
+            return None
         tried = self._tried
         candidates = self._context.fleet.snapshot.candidates(self._features.model)
         remaining = [engine for engine in candidates if engine.id not in tried]
@@ -477,6 +486,8 @@ class Exchange:
         """Send the client the head (and `body`, the answer's first part)."""
         self._head_sent = True
         block = response_headers(head.headers, self._request_id)
+        if self._stored is not None:
+            self._responder = IdTap(self._responder, self._learned)
         kv, engine = self._features.kv, self._engine
         if kv is not None and engine is not None:
             block += kv.receipt(engine)
@@ -485,6 +496,12 @@ class Exchange:
             block += ticket.headers
             self._meter(ticket, head, body, complete)
         self._responder.start(head.status, head.reason, block, head.content_length, body, complete)
+
+    def _learned(self, response_id: str) -> None:
+        """The answer, from the engine last tried, is the stored response `response_id`."""
+        stored, engine = self._stored, self._last
+        if stored is not None and engine is not None:
+            stored.learn(response_id, engine, self._features.model)
 
     # -- resuming a broken answer -------------------------------------------------------------
 
@@ -858,7 +875,7 @@ class Exchange:
         engine, kv = self._last, self._features.kv
         return AccessEntry(
             request_id=self._request_id,
-            method=b"POST",
+            method=self._wire[0].partition(b" ")[0],
             path=self._path,
             model=self._features.model,
             engine=None if engine is None else engine.spec.name,

@@ -1,8 +1,9 @@
 """A running simulated engine, as tests hold it: its address, its sockets and its fail mode.
 
 This is the Python API (`SimEngine`, `start_engine`, `running_engine`); the
-endpoints live in `openai`, `tokenize_api`, `probes`, `admin` and `kv_admin`,
-over the shared `state`. Tests may run its timing on virtual time (`Timebase`).
+endpoints live in `openai`, `responses_api`, `tasks_api`, `tokenize_api`,
+`probes`, `admin` and `kv_admin`, over the shared `state`. Tests may run its
+timing on virtual time (`Timebase`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from headcount.sim.engine.kv_publisher import KvEventPublisher
 from headcount.sim.engine.kv_sink import KvEventSink
 from headcount.sim.engine.openai import OpenAiApi
 from headcount.sim.engine.probes import Probes
+from headcount.sim.engine.responses_api import ResponsesApi
 from headcount.sim.engine.state import EngineState
+from headcount.sim.engine.tasks_api import TasksApi
 from headcount.sim.engine.timebase import REAL_TIME, Timebase
 from headcount.sim.engine.tokenize_api import TokenizeApi
 from headcount.sim.engine.wire import ENGINE_NAME, REQUEST_ID
@@ -130,6 +133,8 @@ class SimEngine:
         app.add_routes(
             [
                 *OpenAiApi(self._state).routes(),
+                *ResponsesApi(self._state).routes(),
+                *TasksApi(self._state).routes(),
                 *TokenizeApi(self._state).routes(),
                 *Probes(self._state).routes(),
                 *SimAdmin(self._state, self._switch_fail_mode).routes(),
