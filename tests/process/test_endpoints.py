@@ -22,8 +22,9 @@ import pytest
 
 from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import RouterFlags, RouterProcess, SimCluster, Timings, sim_cluster
-from headcount.sim.engine import EngineSimConfig, running_engine
+from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from tests.support import wait_until
+from tests.support.router import MODEL, router_before
 
 __all__: list[str] = []
 
@@ -144,8 +145,11 @@ async def test_other_v1_posts_pass_through_unless_turned_off() -> None:
 
 
 @contextlib.asynccontextmanager
-async def three_engines() -> AsyncIterator[tuple[RouterProcess, openai.AsyncOpenAI]]:
-    """Three engines serving ALPHA behind a round-robin router, and an SDK client."""
+async def three_engines() -> AsyncIterator[
+    tuple[RouterProcess, openai.AsyncOpenAI, dict[str, SimEngine]]
+]:
+    """Three engines serving ALPHA behind a round-robin router (probes far apart, so only
+    the proxy sees an engine fail), and an SDK client."""
     async with (
         running_engine(EngineSimConfig(model=ALPHA, name="a")) as a,
         running_engine(EngineSimConfig(model=ALPHA, name="b")) as b,
@@ -155,20 +159,20 @@ async def three_engines() -> AsyncIterator[tuple[RouterProcess, openai.AsyncOpen
                 discovery=DiscoveryMode.STATIC,
                 backends=(a.url, b.url, c.url),
                 routing=RoutingName.ROUND_ROBIN,
-                timings=Timings(probe_interval=0.2, drain_delay=0),
+                timings=Timings(probe_interval=30, drain_delay=0),
             )
         ) as router,
     ):
         await wait_until(lambda: routable(router, 3), timeout=10, what="three engines routable")
         sdk = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
         try:
-            yield router, sdk
+            yield router, sdk, {"a": a, "b": b, "c": c}
         finally:
             await sdk.close()
 
 
 async def test_responses_follow_ups_reach_the_engine_that_stored_them() -> None:
-    async with three_engines() as (router, sdk):
+    async with three_engines() as (router, sdk, _engines):
         first = await sdk.responses.with_raw_response.create(model=ALPHA, input="hello")
         stored_on = first.headers["x-engine-name"]
         previous = first.parse().id
@@ -200,6 +204,21 @@ async def test_responses_follow_ups_reach_the_engine_that_stored_them() -> None:
         assert raised.value.code == "response_not_found"
         learned = await router.client.metrics()
         assert 'headcount_responses_affinity_total{outcome="followed"} 11.0' in learned
+
+
+async def test_new_endpoints_fail_over_and_follow_ups_never_do() -> None:
+    async with three_engines() as (router, sdk, engines), aiohttp.ClientSession() as http:
+        previous, stored_on = await created_on(sdk)
+        await engines[stored_on].set_fail_mode("refuse")
+        rerank = {"model": ALPHA, "query": "q", "documents": ["a"]}
+        for _ in range(3):  # one of three goes to the refusing engine first
+            status, answer, answered_by = await post(http, router.url + "/v1/rerank", json=rerank)
+            assert status == 200 and answered_by != stored_on, answer
+        with pytest.raises(openai.APIStatusError) as raised:  # never another engine's 404
+            await sdk.responses.create(model=ALPHA, input="x", previous_response_id=previous)
+        assert raised.value.status_code in (502, 503), raised.value
+        assert stored_on in raised.value.message
+        assert raised.value.code in ("upstream_failed", "response_engine_unavailable")
 
 
 async def created_on(sdk: openai.AsyncOpenAI) -> tuple[str, str]:
@@ -268,3 +287,66 @@ async def test_a_follow_up_whose_engine_is_gone_gets_a_clear_error(tmp_path: Pat
         assert "left the fleet" in gone_raised.value.message
         fresh = await sdk.responses.create(model=ALPHA, input="anew")
         assert fresh.status == "completed", "new conversations go on"
+
+
+TENANTS = """
+[[tenant]]
+name = "rag"
+keys = ["sk-rag"]
+requests_per_minute = 2
+"""
+
+
+async def test_new_endpoints_need_a_key_and_meet_flow_control(tmp_path: Path) -> None:
+    async with (
+        running_engine(EngineSimConfig(model=MODEL)) as engine,
+        router_before([engine.url], tmp_path, client_keys=None, tenants=TENANTS) as running,
+    ):
+        await wait_until(
+            lambda: running.router.fleet.snapshot.candidates(MODEL) != (),
+            timeout=10,
+            what="the engine routable",
+        )
+        rerank = {"model": MODEL, "query": "q", "documents": ["a"]}
+        status, text, _ = await running.post("/v1/rerank", rerank)
+        assert status == 401, text
+        status, text, _ = await running.get("/v1/responses/resp_1")
+        assert status == 401, text
+        keyed = {"Authorization": "Bearer sk-rag"}
+        statuses = [(await running.post("/v1/rerank", rerank, keyed))[0] for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        status, text, _ = await running.post("/score", {"model": MODEL, "text_1": "a"}, keyed)
+        assert status == 429 and "rate_limit_exceeded" in text
+
+
+async def test_the_sim_keeps_responses_as_vllm_does() -> None:
+    """The engine stand-in: an unknown id is 404 in vLLM's words, a background response can be
+    cancelled before it completes, a synchronous one cannot, `store: false` keeps nothing."""
+    config = EngineSimConfig(model=MODEL, token_delay=0.05)
+    async with running_engine(config) as engine, aiohttp.ClientSession() as http:
+        url = engine.url + "/v1/responses"
+        status, answer, _ = await post(
+            http, url, json={"model": MODEL, "input": "x", "previous_response_id": "resp_no"}
+        )
+        assert (
+            status == 404 and answer["error"]["message"] == "Response with id 'resp_no' not found."
+        )
+        status, queued, _ = await post(
+            http,
+            url,
+            json={"model": MODEL, "input": "x", "background": True, "max_output_tokens": 50},
+        )
+        assert (status, queued["status"]) == (200, "queued")
+        status, cancelled, _ = await post(http, f"{url}/{queued['id']}/cancel")
+        assert (status, cancelled["status"]) == (200, "cancelled")
+        status, done, _ = await post(http, url, json={"model": MODEL, "input": "x"})
+        assert (status, done["status"], done["object"]) == (200, "completed", "response")
+        status, answer, _ = await post(http, f"{url}/{done['id']}/cancel")
+        assert (
+            status == 400 and "Cannot cancel a synchronous response" in answer["error"]["message"]
+        )
+        status, unstored, _ = await post(
+            http, url, json={"model": MODEL, "input": "x", "store": False, "max_output_tokens": 1}
+        )
+        async with http.get(f"{url}/{unstored['id']}") as response:
+            assert response.status == 404
