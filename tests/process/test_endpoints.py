@@ -210,15 +210,20 @@ async def test_new_endpoints_fail_over_and_follow_ups_never_do() -> None:
     async with three_engines() as (router, sdk, engines), aiohttp.ClientSession() as http:
         previous, stored_on = await created_on(sdk)
         await engines[stored_on].set_fail_mode("refuse")
-        rerank = {"model": ALPHA, "query": "q", "documents": ["a"]}
-        for _ in range(3):  # one of three goes to the refusing engine first
-            status, answer, answered_by = await post(http, router.url + "/v1/rerank", json=rerank)
-            assert status == 200 and answered_by != stored_on, answer
         with pytest.raises(openai.APIStatusError) as raised:  # never another engine's 404
             await sdk.responses.create(model=ALPHA, input="x", previous_response_id=previous)
-        assert raised.value.status_code in (502, 503), raised.value
-        assert stored_on in raised.value.message
-        assert raised.value.code in ("upstream_failed", "response_engine_unavailable")
+        assert (raised.value.status_code, raised.value.code) == (502, "upstream_failed")
+        with pytest.raises(openai.APIStatusError) as raised:  # the connect failure ejected it
+            await sdk.responses.retrieve(previous)
+        assert raised.value.status_code == 503
+        assert raised.value.code == "response_engine_unavailable"
+        assert f"engine {engines[stored_on].url}, which is out of rotation" in str(raised.value)
+        await engines[stored_on].set_fail_mode("none")  # the others are tried first, then it
+        await engines[next(name for name in engines if name != stored_on)].set_fail_mode("refuse")
+        rerank = {"model": ALPHA, "query": "q", "documents": ["a"]}
+        for _ in range(3):  # one of them goes to the refusing engine first
+            status, answer, _ = await post(http, router.url + "/v1/rerank", json=rerank)
+            assert status == 200, answer
 
 
 async def created_on(sdk: openai.AsyncOpenAI) -> tuple[str, str]:

@@ -12,7 +12,12 @@ through `Policy.key_source`, its affinity key) is read by `payload.py`: on the
 loop for a body up to `inline_parse_max`, else in a worker process
 (`parsepool.py`, a `Later`), so that no body stalls the loop; the body itself
 is forwarded byte for byte. The policy then picks among
-`snapshot.candidates(model)`, a pure decision (`_route`).
+`snapshot.candidates(model)`, a pure decision (`_route`). Two paths say more
+than `model` and are read here first (`_admit_read_here`): an audio upload's
+`model` is a form field (`multipart.py`), and a Responses create naming a
+`previous_response_id` goes to the engine storing that response alone
+(`stored_responses.py`, `RequestFeatures.pinned`), or is refused saying why
+it cannot; `stored` places a stored response's `GET` and cancel the same way.
 
 For the `kv-aware` policy the features carry the prompt (`routing.kv.KvRequest`):
 its token ids come first (`routing.kv.prompts`), from the router's tokenizer on
