@@ -182,6 +182,11 @@ async def test_responses_follow_ups_reach_the_engine_that_stored_them() -> None:
             )
             assert raw.headers["x-engine-name"] == stored_on, turn
             previous = raw.parse().id
+        large = await sdk.responses.with_raw_response.create(  # read by a worker process
+            model=ALPHA, input="long " * 20_000, previous_response_id=previous
+        )
+        assert large.headers["x-engine-name"] == stored_on
+        previous = large.parse().id
         for _ in range(3):
             got = await sdk.responses.with_raw_response.retrieve(previous)
             assert got.headers["x-engine-name"] == stored_on
@@ -203,7 +208,7 @@ async def test_responses_follow_ups_reach_the_engine_that_stored_them() -> None:
             await sdk.responses.retrieve("resp_never_made")
         assert raised.value.code == "response_not_found"
         learned = await router.client.metrics()
-        assert 'headcount_responses_affinity_total{outcome="followed"} 11.0' in learned
+        assert 'headcount_responses_affinity_total{outcome="followed"} 12.0' in learned
 
 
 async def test_new_endpoints_fail_over_and_follow_ups_never_do() -> None:
