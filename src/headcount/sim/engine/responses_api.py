@@ -77,6 +77,13 @@ class ResponsesApi:
             web.post("/v1/responses/{response_id}/cancel", self._cancel),
         ]
 
+    async def close(self, _app: web.Application) -> None:
+        """Cancel the background responses still generating (the engine stops)."""
+        tasks = list(self._background.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _retrieve(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
         stored = self._stored.get(response_id)

@@ -130,10 +130,12 @@ class SimEngine:
         if self.config.api_key is not None:
             app.middlewares.append(require_api_key(self.config.api_key, self._state))
         app.on_response_prepare.append(self._stamp_headers)
+        responses = ResponsesApi(self._state)
+        app.on_cleanup.append(responses.close)
         app.add_routes(
             [
                 *OpenAiApi(self._state).routes(),
-                *ResponsesApi(self._state).routes(),
+                *responses.routes(),
                 *TasksApi(self._state).routes(),
                 *TokenizeApi(self._state).routes(),
                 *Probes(self._state).routes(),
