@@ -17,7 +17,10 @@ another engine from the text already relayed, at most `resume_limit` times
 was relayed, whole events only). A stream that is not resumed closes the
 client connection, its chunked body left unterminated (after an error event,
 when the stream was followed). The router's own exhaustion (no fd for a
-connection) is answered 503 at once and counted against no engine.
+connection) is answered 503 at once and counted against no engine. A request
+only one engine can answer (`RequestFeatures.pinned`: a Responses API
+follow-up) is neither failed over nor resumed: any other engine would say 404.
+A Responses create's answer is read for its id (`stored_responses.IdTap`).
 
 Every attempt holds `engine.load.in_flight` from routing to its end, released
 at a single point (`Exchange._release`), and sits in its engine's entry of
