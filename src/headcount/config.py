@@ -163,6 +163,10 @@ class ProxySettings:
     access_log_sample: float = 0.01
     """Share of successful requests given an access-log line (`headcount.access`); errors,
     cut streams and failovers always get one. 0: no access log, 1: every request."""
+    passthrough: bool = True
+    """A `POST /v1/...` the router does not know by name is routed by its body's `model` like
+    the others (vLLM grows endpoints faster than routers learn them); off
+    (`--no-passthrough`), such paths get 404."""
 
     def __post_init__(self) -> None:
         if self.max_failovers < 0:

@@ -28,6 +28,8 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "headcount_outlier_ejected_engines": frozenset(),
     "headcount_local_resource_errors_total": frozenset({"resource"}),
     "headcount_task_restarts_total": frozenset({"task"}),
+    "headcount_responses_affinity_total": frozenset({"outcome"}),
+    "headcount_responses_affinity_entries": frozenset(),
 }
 # Always exported; their series (per model and outcome) appear once a stream broke.
 RESUME_METRIC_LABELS: dict[str, frozenset[str]] = {

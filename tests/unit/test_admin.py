@@ -150,6 +150,28 @@ async def test_models_is_an_empty_list_when_no_engine_is_routable() -> None:
     assert await admin.get_json("/v1/models") == (200, {"object": "list", "data": []})
 
 
+async def test_one_model_is_retrieved_by_its_id_slashes_and_all() -> None:
+    admin = Admin().synced()
+    admin.engine("a", card("org/model-a", owned_by="vllm"), card("sql-lora", parent="org/model-a"))
+    admin.engine("sleepy", card("model-asleep"), sleeping=True)
+
+    for path in ("/v1/models/org/model-a", "/v1/models/org%2Fmodel-a"):
+        status, body = await admin.get_json(path)
+        assert (status, body["id"], body["object"], body["owned_by"]) == (
+            200,
+            "org/model-a",
+            "model",
+            "vllm",
+        )
+    status, body = await admin.get_json("/v1/models/sql-lora")
+    assert (status, body["parent"]) == (200, "org/model-a")
+    for unknown in ("/v1/models/model-asleep", "/v1/models/nothing"):
+        status, body = await admin.get_json(unknown)
+        assert status == 404, unknown
+        assert body["error"]["code"] == "model_not_found"
+        assert body["error"]["type"] == "invalid_request_error"
+
+
 # ------------------------------------------------------------------ /engines
 
 

@@ -196,6 +196,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_R
         f"(default {proxy_d.stream_resume_limit})",
     )
     proxy.add_argument(
+        "--no-passthrough",
+        action="store_true",
+        default=not proxy_d.passthrough,
+        help="answer 404 for a POST /v1/... path the router does not know by name, instead of "
+        "routing it by its body's model (default: off, routed)",
+    )
+    proxy.add_argument(
         "--max-body-size",
         type=parse_size,
         default=proxy_d.max_body_size,
@@ -595,6 +602,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             first_byte_timeout=ns.first_byte_timeout,
             stalled_engine_timeout=ns.stalled_engine_timeout,
             access_log_sample=ns.access_log_sample,
+            passthrough=not ns.no_passthrough,
         ),
         probe=ProbeSettings(
             interval=ns.probe_interval,

@@ -39,7 +39,20 @@ _OBJECTIVE = b"x-gateway-inference-objective"
 _FAIRNESS_ID = b"x-gateway-inference-fairness-id"
 _FLOW_MAX = 128
 """Bytes of a fairness id kept: longer ones name the same flow as their first 128."""
-NO_COMPLETION_PATHS = frozenset({b"/v1/embeddings"})
+NO_COMPLETION_PATHS = frozenset(
+    {
+        b"/v1/embeddings",
+        b"/v1/rerank",
+        b"/rerank",
+        b"/v2/rerank",
+        b"/v1/score",
+        b"/score",
+        b"/classify",
+        b"/pooling",
+        b"/tokenize",
+        b"/detokenize",
+    }
+)
 """Paths whose answers generate nothing: their reserve is their prompt, usage is not asked."""
 
 

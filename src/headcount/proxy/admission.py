@@ -12,7 +12,12 @@ through `Policy.key_source`, its affinity key) is read by `payload.py`: on the
 loop for a body up to `inline_parse_max`, else in a worker process
 (`parsepool.py`, a `Later`), so that no body stalls the loop; the body itself
 is forwarded byte for byte. The policy then picks among
-`snapshot.candidates(model)`, a pure decision (`_route`).
+`snapshot.candidates(model)`, a pure decision (`_route`). Two paths say more
+than `model` and are read here first (`_admit_read_here`): an audio upload's
+`model` is a form field (`multipart.py`), and a Responses create naming a
+`previous_response_id` goes to the engine storing that response alone
+(`stored_responses.py`, `RequestFeatures.pinned`), or is refused saying why
+it cannot; `stored` places a stored response's `GET` and cancel the same way.
 
 For the `kv-aware` policy the features carry the prompt (`routing.kv.KvRequest`):
 its token ids come first (`routing.kv.prompts`), from the router's tokenizer on
@@ -30,13 +35,13 @@ from typing import Any, NamedTuple
 
 from headcount._http.handler import Request
 from headcount._http.pool import Upstreams
-from headcount._http.wire import JSON_HEADER
+from headcount._http.wire import JSON_HEADER, error_body
 from headcount.auth import Credentials
 from headcount.config import ProxySettings
 from headcount.fleet import Engine, Fleet, Snapshot
 from headcount.flow.control import FlowControl
 from headcount.flow.ticket import Decision, Refusal, Ticket
-from headcount.proxy import payload
+from headcount.proxy import multipart, payload
 from headcount.proxy.demand import refusal_answer, ticket_of
 from headcount.proxy.errors import (
     BODY_TOO_COMPLEX,
@@ -53,7 +58,16 @@ from headcount.proxy.errors import (
 )
 from headcount.proxy.headers import find_header
 from headcount.proxy.parsepool import ParsePool
-from headcount.routing import Policy, RequestFeatures
+from headcount.proxy.paths import FORM_PATHS, RESPONSES
+from headcount.proxy.stored_responses import (
+    FOLLOWED,
+    StoredResponses,
+    follow,
+    not_found,
+    refusal,
+)
+from headcount.routing import HeaderLookup, Policy, RequestFeatures
+from headcount.routing.affinity import previous_response_key
 from headcount.routing.kv import KvAware
 from headcount.routing.kv.prompts import EngineTokenize, local_ids
 from headcount.routing.kv.tokenize_turns import TokenizeTurns
@@ -100,12 +114,15 @@ class Admission:
         upstreams: Upstreams,
         credentials: Credentials | None = None,
         flow: FlowControl | None = None,
+        stored: StoredResponses | None = None,
     ) -> None:
         """Routes within `fleet`'s snapshot with `policy`; large bodies are read by a pool of
         `settings.parse_workers`; `upstreams` carry the `kv-aware` policy's `/tokenize`, with
         the `Authorization` `credentials` give forwarded requests (None: the client's).
-        `flow` (with a tenants file) decides when and whether each request goes on."""
+        `flow` (with a tenants file) decides when and whether each request goes on.
+        `stored`: where Responses API responses are stored (None: a map of its own)."""
         self._fleet = fleet
+        self._stored = StoredResponses() if stored is None else stored
         self._policy = policy
         self._flow = flow
         self._credentials = credentials or Credentials()
@@ -118,23 +135,107 @@ class Admission:
 
     def admit(self, request: Request) -> Admitted | Refused | Later:
         """Route `request` now, or say what to await for its route."""
+        if request.path in _READ_HERE:
+            return self._admit_read_here(request)
         if len(request.body) > self._inline_parse_max:
             # Parsing a large body could stall the loop: a worker process reads it.
             return Later(self._read_large(request))
-        prompts, flow = self._prompts, self._flow
+        prompts = self._prompts
         if prompts is not None:
-            return prompts.admit(request, self._fleet, flow, self._credentials)
+            return prompts.admit(request, self._fleet, self._flow, self._credentials)
         body = payload.parse_request(request.body)
         if isinstance(body, str):
             return _REFUSALS[body]
-        model: str = body["model"]
-        policy, source = self._policy, self._policy.key_source
+        return self._by_policy(request, body, body["model"])
+
+    def _by_policy(
+        self, request: Request, body: dict[str, Any], model: str, prompt: int | None = None
+    ) -> Admitted | Refused | Later:
+        """The policy's route for a body read on the loop (`body`: its JSON, or only the
+        model of a form); `prompt`, the tokens flow control reserves for the prompt when
+        not its body's bytes (an upload's)."""
+        policy, source, flow = self._policy, self._policy.key_source, self._flow
         key = None
         if source is not None:
             headers = request.headers
             key = source(body, lambda name: find_header(headers, name))
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
-        return _route((model, key), self._fleet.snapshot, policy, ticket=ticket)
+        if ticket is not None and prompt is not None:
+            ticket.prompt = prompt
+        return _route((model, key), self._fleet.snapshot, policy, self._kv, ticket=ticket)
+
+    def stored(self, response_id: str) -> Admitted | Refused:
+        """`GET /v1/responses/{id}` and its cancel: to the engine storing the response, or the
+        answer saying why not (no flow control: nothing is generated)."""
+        stored = self._stored.find(response_id)
+        if stored is None:
+            return Refused(not_found(response_id), UNKNOWN_MODEL)
+        snapshot = self._fleet.snapshot
+        engine = follow(snapshot, stored, stored.model)
+        if isinstance(engine, str):
+            self._stored.count(engine)
+            return Refused(refusal(engine, response_id, stored, snapshot), stored.model)
+        self._stored.count(FOLLOWED)
+        return Admitted(engine, RequestFeatures(stored.model, pinned=True))
+
+    def _admit_read_here(self, request: Request) -> Admitted | Refused | Later:
+        """The paths whose body says more than `model`: an audio upload's form, a Responses
+        create that may continue a stored response (`previous_response_id`)."""
+        if request.path != RESPONSES:
+            model = multipart.form_model(
+                find_header(request.headers, b"content-type"), request.body
+            )
+            refused = _FORM_REFUSALS.get(model)
+            if refused is not None:
+                return refused
+            # Audio is no text: only the transcript's tokens are reserved, settled on usage.
+            return self._by_policy(request, {"model": model}, model, prompt=0)
+        if len(request.body) > self._inline_parse_max:
+            return Later(self._read_large_response(request))
+        body = payload.parse_request(request.body)
+        if isinstance(body, str):
+            return _REFUSALS[body]
+        model = body["model"]
+        previous = previous_response_key(body, _NO_HEADER)
+        if previous is not None:
+            return self._continuing(previous, model, request, body)
+        prompts = self._prompts
+        if prompts is not None:
+            return prompts.admit(request, self._fleet, self._flow, self._credentials)
+        return self._by_policy(request, body, model)
+
+    def _continuing(
+        self, previous: str, model: str, request: Request, body: dict[str, Any] | None
+    ) -> Admitted | Refused | Later:
+        """A Responses create continuing `previous`: to its engine alone, refused when that
+        engine cannot take it, routed by `model` when the id is unknown here."""
+        stored = self._stored.find(previous)
+        snapshot, flow = self._fleet.snapshot, self._flow
+        engine = None if stored is None else follow(snapshot, stored, model)
+        if stored is not None and isinstance(engine, str):
+            self._stored.count(engine)
+            return Refused(refusal(engine, previous, stored, snapshot), model)
+        ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
+        if not isinstance(engine, Engine):
+            return _route((model, None), snapshot, self._policy, self._kv, ticket=ticket)
+        self._stored.count(FOLLOWED)
+        return _select(model, None, (engine,), self._policy, self._kv, None, ticket, pinned=True)
+
+    async def _read_large_response(self, request: Request) -> Admitted | Refused:
+        """A large Responses create, read by a worker for its model and previous response."""
+        read = await self._parser.read(
+            request.body, previous_response_key, request.headers, request.client
+        )
+        if isinstance(read, str):
+            return _REFUSALS[read]
+        model, previous = read
+        if previous is not None:
+            return await _decided(self._continuing(previous, model, request, None))
+        flow = self._flow
+        ticket = None if flow is None else ticket_of(flow, self._credentials, request, None, model)
+        return await _decided(
+            _route((model, None), self._fleet.snapshot, self._policy, self._kv, ticket=ticket)
+        )
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -150,6 +251,16 @@ class Admission:
             ticket = ticket_of(flow, self._credentials, request, None, read[0])
         return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, ticket=ticket))
 
+
+_NO_HEADER: HeaderLookup = lambda _name: None  # noqa: E731
+_READ_HERE = frozenset({RESPONSES, *FORM_PATHS})
+"""Paths whose body admission reads itself (`_admit_read_here`)."""
+_FORM_REFUSALS = {
+    code: Refused(
+        ErrorAnswer(400, error_body(message, "invalid_request_error", code)), UNKNOWN_MODEL
+    )
+    for code, message in multipart.PROBLEMS.items()
+}
 
 _REFUSALS = {
     code: Refused(answer, UNKNOWN_MODEL)
@@ -195,10 +306,14 @@ def _select(
     kv: KvAware | None,
     prompt: Sequence[int] | None,
     ticket: Ticket | None = None,
+    *,
+    pinned: bool = False,
 ) -> Admitted | Refused | Later:
     """The policy's choice among `candidates` (not empty) for `model`; with flow control
-    (`ticket`), among those with room, or later, or refused."""
-    features = RequestFeatures(model, key, None if kv is None else kv.request(model, prompt))
+    (`ticket`), among those with room, or later, or refused. `pinned`: only these candidates
+    can answer (`RequestFeatures.pinned`)."""
+    kv_request = None if kv is None else kv.request(model, prompt)
+    features = RequestFeatures(model, key, kv_request, pinned)
     if ticket is None:
         engine = policy.select(candidates, features)
         if engine is None:

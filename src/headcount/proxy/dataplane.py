@@ -8,9 +8,10 @@
     await proxy.wait_idle(timeout=30)    # in-flight exchanges finish
     await proxy.close()                  # drop what is left, close upstream pools
 
-`POST /v1/chat/completions`, `/v1/completions` and `/v1/embeddings` are proxied:
-`Admission.admit` picks the engine (or the error to answer), and an `Exchange`
-carries the request to its end. When admission must wait first (a large body
+`POST /v1/chat/completions` and the other endpoints vLLM serves (`paths.py`)
+are proxied: `Admission.admit` picks the engine (or the error to answer), and
+an `Exchange` carries the request to its end (a stored response's `GET` and
+cancel go to its engine: `Admission.stored`). When admission must wait first (a large body
 read by a worker process, an engine's `/tokenize` for the `kv-aware` policy),
 it says only what to await (`Later`): the data plane awaits it in a task that
 the client's leaving cancels, so that no request stalls the loop and a client
@@ -50,6 +51,11 @@ or no `model`, 404 unknown model, 413 body too large, 503 no routable engine
 (or, from the HTTP layer, too many connections or request bodies held), 502/504
 after failover, 500 for a bug in the router (logged once; no stack trace
 reaches a client).
+
+(Over 450 lines: the one place every request is dispatched, screened by its
+head, proxied, sent to a stored response's engine, refused or answered
+locally, beside the lifecycle that drains that dispatch; split, each half
+would reach into the other's state.)
 """
 
 from __future__ import annotations
@@ -79,7 +85,9 @@ from headcount.proxy.admission import Admission, Admitted, Later, Refused
 from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY, ErrorAnswer
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
+from headcount.proxy.paths import API_PREFIX, PROXIED, RESPONSES, passes_through
 from headcount.proxy.stalls import StallWatch
+from headcount.proxy.stored_responses import StoredResponses, response_id_of
 from headcount.routing import Policy
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import UNKNOWN_MODEL, Metrics, whole
@@ -88,7 +96,6 @@ __all__ = ["Proxy", "start_local_server", "start_server"]
 
 _log = logging.getLogger(__name__)
 
-_PROXIED = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
 _OPEN_PATHS = frozenset({b"/livez", b"/readyz", b"/health"})
 _OPEN_PREFIXES = (b"/livez/", b"/readyz/")
 """The health endpoints: kubelet probes carry no key."""
@@ -149,8 +156,11 @@ class Proxy:
             )
         )
         self.flow = flow
+        self._passthrough = settings.passthrough
+        self.stored = StoredResponses()  # which engine stores each Responses API response
+        metrics.scrape_also(self.stored.collector)
         self._admission = Admission(
-            fleet, policy, settings, self.upstreams, self._credentials, flow
+            fleet, policy, settings, self.upstreams, self._credentials, flow, self.stored
         )
         self._waiting: dict[str, dict[Exchange, None]] = {}
         self._streaming: dict[str, dict[Exchange, None]] = {}
@@ -297,7 +307,7 @@ class Proxy:
         answered from its head, so that none holds any of the body budget."""
         keys = self._credentials.client_keys
         path = request.path
-        if path in _PROXIED:
+        if path in PROXIED or (self._passthrough and passes_through(path, request.method)):
             if keys is not None:
                 tenant = keys.tenant(request.headers)
                 if tenant is None:
@@ -310,8 +320,17 @@ class Proxy:
             or path.startswith(_OPEN_PREFIXES)
             or keys.admits(request.headers)
         ):
+            if path.startswith(API_PREFIX) and response_id_of(path, request.method):
+                return self._forward_stored
             return self._serve_local
         return self._unauthorized
+
+    def _forward_stored(self, request: Request, responder: Responder) -> None:
+        """A stored response's `GET` or cancel, answered from its head, to its engine."""
+        loop = self._loop or asyncio.get_running_loop()
+        response_id = response_id_of(request.path, request.method) or ""
+        decision = self._admission.stored(response_id)
+        self._proceed(request, responder, decision, loop, loop.time())
 
     def _serve_local(self, request: Request, responder: Responder) -> None:
         serve_local(self._local, request, responder, self._spawn, self._request_id(request))
@@ -355,7 +374,7 @@ class Proxy:
         if isinstance(decision, Refused):
             self._refuse(request, responder, decision, started)
             return
-        line = b"POST %s HTTP/1.1\r\n" % request.target
+        line = b"%s %s HTTP/1.1\r\n" % (request.method, request.target)
         authorization = self._credentials.forward_authorization
         body = request.body if decision.body is None else decision.body
         tail, request_id = forward_headers(request.headers, len(body), authorization)
@@ -373,6 +392,7 @@ class Proxy:
             wire,
             request.path,
             decision.ticket,
+            stored=self.stored if request.path == RESPONSES else None,
         )
         responder.attach(exchange)
         exchange.begin(decision.engine)

@@ -17,7 +17,10 @@ another engine from the text already relayed, at most `resume_limit` times
 was relayed, whole events only). A stream that is not resumed closes the
 client connection, its chunked body left unterminated (after an error event,
 when the stream was followed). The router's own exhaustion (no fd for a
-connection) is answered 503 at once and counted against no engine.
+connection) is answered 503 at once and counted against no engine. A request
+only one engine can answer (`RequestFeatures.pinned`: a Responses API
+follow-up) is neither failed over nor resumed: any other engine would say 404.
+A Responses create's answer is read for its id (`stored_responses.IdTap`).
 
 Every attempt holds `engine.load.in_flight` from routing to its end, released
 at a single point (`Exchange._release`), and sits in its engine's entry of
@@ -89,6 +92,7 @@ from headcount.proxy.headers import find_header, is_event_stream, response_heade
 from headcount.proxy.metering import TappedResponder
 from headcount.proxy.resume import LIMIT, NO_ENGINE, UNREADABLE, Kind, Seam, continuation
 from headcount.proxy.stalls import StallWatch
+from headcount.proxy.stored_responses import IdTap, StoredResponses
 from headcount.proxy.transcript import Transcript
 from headcount.proxy.usage import UsageTap, usage_of
 from headcount.routing import Policy, RequestFeatures
@@ -186,6 +190,7 @@ class Exchange:
         "_stale_retried",
         "_started",
         "_status",
+        "_stored",
         "_streaming_in",
         "_suspect",
         "_task",
@@ -211,10 +216,13 @@ class Exchange:
         wire: tuple[bytes, bytes, bytes],
         path: bytes,
         ticket: Ticket | None = None,
+        *,
+        stored: StoredResponses | None = None,
     ) -> None:
         """`wire`: the request line, headers after `host` (blank line included), the body;
         `path` the request's, for the access log. `ticket`: flow control's hold, given back
-        at the end with the usage the answer reports (`metering.py`)."""
+        at the end with the usage the answer reports (`metering.py`). `stored`, for a
+        Responses create: learns which engine stores the response it answers."""
         self._context = context
         self._responder = responder
         self._loop = loop
@@ -251,6 +259,7 @@ class Exchange:
         self._gap_from = 0.0
         self._whole: tuple[ResponseHead, list[bytes]] | None = None
         self._whole_size = 0
+        self._stored = stored
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -318,7 +327,10 @@ class Exchange:
         return engine
 
     def _untried(self) -> Engine | None:
-        """The policy's choice among the model's candidates not tried yet, now tried."""
+        """The policy's choice among the model's candidates not tried yet, now tried (none
+        for a request only its first engine can answer)."""
+        if self._features.pinned:
+            return None
         tried = self._tried
         candidates = self._context.fleet.snapshot.candidates(self._features.model)
         remaining = [engine for engine in candidates if engine.id not in tried]
@@ -477,6 +489,8 @@ class Exchange:
         """Send the client the head (and `body`, the answer's first part)."""
         self._head_sent = True
         block = response_headers(head.headers, self._request_id)
+        if self._stored is not None:
+            self._responder = IdTap(self._responder, self._learned)
         kv, engine = self._features.kv, self._engine
         if kv is not None and engine is not None:
             block += kv.receipt(engine)
@@ -485,6 +499,12 @@ class Exchange:
             block += ticket.headers
             self._meter(ticket, head, body, complete)
         self._responder.start(head.status, head.reason, block, head.content_length, body, complete)
+
+    def _learned(self, response_id: str) -> None:
+        """The answer, from the engine last tried, is the stored response `response_id`."""
+        stored, engine = self._stored, self._last
+        if stored is not None and engine is not None:
+            stored.learn(response_id, engine, self._features.model)
 
     # -- resuming a broken answer -------------------------------------------------------------
 
@@ -858,7 +878,7 @@ class Exchange:
         engine, kv = self._last, self._features.kv
         return AccessEntry(
             request_id=self._request_id,
-            method=b"POST",
+            method=self._wire[0].partition(b" ")[0],
             path=self._path,
             model=self._features.model,
             engine=None if engine is None else engine.spec.name,

@@ -18,7 +18,13 @@ from headcount.fleet import Engine
 from headcount.routing.load import LeastLoaded
 from headcount.routing.policy import HeaderLookup, KeySource, RequestFeatures
 
-__all__ = ["PREFIX_CHARS", "Affinity", "prompt_prefix_key", "session_key"]
+__all__ = [
+    "PREFIX_CHARS",
+    "Affinity",
+    "previous_response_key",
+    "prompt_prefix_key",
+    "session_key",
+]
 
 
 PREFIX_CHARS = 1024
@@ -32,6 +38,13 @@ def session_key(payload: Mapping[str, Any], header: HeaderLookup) -> str | None:
         return value.decode("latin-1")
     user = payload.get("user")
     return user if isinstance(user, str) and user else None
+
+
+def previous_response_key(payload: Mapping[str, Any], header: HeaderLookup) -> str | None:
+    """A Responses API request's `previous_response_id`: the response it continues, stored
+    on one engine (`proxy/stored_responses.py`), read from a large body by a worker."""
+    value = payload.get("previous_response_id")
+    return value if isinstance(value, str) and value else None
 
 
 def prompt_prefix_key(payload: Mapping[str, Any], header: HeaderLookup) -> str | None:

@@ -28,6 +28,9 @@ class RequestFeatures:
     """The affinity key, extracted only for a policy with a `key_source`."""
     kv: KvRequest | None = None
     """The prompt and its cache predictions, only for the `kv-aware` policy."""
+    pinned: bool = False
+    """Only the engine chosen first can answer (it stores the state the request continues):
+    no failover, no resume elsewhere."""
 
 
 HeaderLookup = Callable[[bytes], bytes | None]

@@ -2,10 +2,11 @@
 
 None of them is on the hot path. Each answer is computed from one fleet
 snapshot and the sources' freshness, at the time of the request: `/v1/models`
-lists only what routable engines serve, and health is never green from the
-router's own state alone. With `--routing kv-aware`, `/engines` shows each
-engine's cache index (`kv_index`: state, reason, blocks, capacity, last event
-age) and `/health` judges them; otherwise neither says anything about it.
+(and `/v1/models/{id}`, one of its cards) lists only what routable engines
+serve, and health is never green from the router's own state alone. With
+`--routing kv-aware`, `/engines` shows each engine's cache index (`kv_index`:
+state, reason, blocks, capacity, last event age) and `/health` judges them;
+otherwise neither says anything about it.
 `/engines` also lists, under `not_engines`, the objects discovery matched that
 are not engines (state `not_an_engine`, with the reason): they are not in the
 fleet, so nothing probes or routes to them, but an operator sees them.
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import functools
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from headcount._http.local import LocalRequest, LocalResponse, method_not_allowed, not_found
+from headcount._http.wire import error_body
 from headcount.config import HealthSettings
 from headcount.discovery.source import NotAnEngine, SourceStatus
 from headcount.fleet import Engine, Fleet, Snapshot
@@ -36,6 +39,7 @@ __all__ = ["AdminApp"]
 
 _TEXT = "text/plain; charset=utf-8"
 _API_PREFIX = "/v1/"
+_MODEL_PREFIX = "/v1/models/"
 
 
 class AdminApp:
@@ -95,6 +99,8 @@ class AdminApp:
         """What answers `path`, or None when nothing does."""
         if path == "/v1/models":
             return self._models
+        if path.startswith(_MODEL_PREFIX) and len(path) > len(_MODEL_PREFIX):
+            return functools.partial(self._model, urllib.parse.unquote(path[len(_MODEL_PREFIX) :]))
         if path == "/engines":
             return self._engines
         if path == "/metrics":
@@ -144,12 +150,27 @@ class AdminApp:
         return await self.handle(request)
 
     async def _models(self) -> LocalResponse:
+        cards = self._cards()
+        return LocalResponse.json(200, {"object": "list", "data": cards})
+
+    async def _model(self, model: str) -> LocalResponse:
+        """`GET /v1/models/{model}` (the SDK's `models.retrieve`): its card in `/v1/models`,
+        else 404 in OpenAI's words."""
+        for card in self._cards():
+            if card.get("id") == model:
+                return LocalResponse.json(200, card)
+        message = f"The model `{model}` does not exist or no routable engine serves it."
+        body = error_body(message, "invalid_request_error", "model_not_found")
+        return LocalResponse(404, body)
+
+    def _cards(self) -> list[dict[str, Any]]:
+        """The model cards of routable engines, with OpenAI's fields filled in."""
         cards = [dict(card) for card in self._fleet.snapshot.model_cards()]
         for card in cards:
             card.setdefault("object", "model")
             card.setdefault("created", self._created)
             card.setdefault("owned_by", "headcount")
-        return LocalResponse.json(200, {"object": "list", "data": cards})
+        return cards
 
 
 def _checks(title: str, checks: Sequence[Check], path: str, query: str) -> LocalResponse:

@@ -64,6 +64,7 @@ class RouterFlags:
     kv_events_replay_port: int | None = None
     tenants_file: Path | None = None
     limits_store: str | None = None
+    no_passthrough: bool = False
     timings: Timings = field(default_factory=Timings)
 
     def argv(self) -> list[str]:

@@ -1,8 +1,9 @@
 """A running simulated engine, as tests hold it: its address, its sockets and its fail mode.
 
 This is the Python API (`SimEngine`, `start_engine`, `running_engine`); the
-endpoints live in `openai`, `tokenize_api`, `probes`, `admin` and `kv_admin`,
-over the shared `state`. Tests may run its timing on virtual time (`Timebase`).
+endpoints live in `openai`, `responses_api`, `tasks_api`, `tokenize_api`,
+`probes`, `admin` and `kv_admin`, over the shared `state`. Tests may run its
+timing on virtual time (`Timebase`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from headcount.sim.engine.kv_publisher import KvEventPublisher
 from headcount.sim.engine.kv_sink import KvEventSink
 from headcount.sim.engine.openai import OpenAiApi
 from headcount.sim.engine.probes import Probes
+from headcount.sim.engine.responses_api import ResponsesApi
 from headcount.sim.engine.state import EngineState
+from headcount.sim.engine.tasks_api import TasksApi
 from headcount.sim.engine.timebase import REAL_TIME, Timebase
 from headcount.sim.engine.tokenize_api import TokenizeApi
 from headcount.sim.engine.wire import ENGINE_NAME, REQUEST_ID
@@ -127,9 +130,13 @@ class SimEngine:
         if self.config.api_key is not None:
             app.middlewares.append(require_api_key(self.config.api_key, self._state))
         app.on_response_prepare.append(self._stamp_headers)
+        responses = ResponsesApi(self._state)
+        app.on_cleanup.append(responses.close)
         app.add_routes(
             [
                 *OpenAiApi(self._state).routes(),
+                *responses.routes(),
+                *TasksApi(self._state).routes(),
                 *TokenizeApi(self._state).routes(),
                 *Probes(self._state).routes(),
                 *SimAdmin(self._state, self._switch_fail_mode).routes(),

@@ -1,4 +1,5 @@
-"""What peer routers ask an engine besides generation: `/tokenize`, render and server info.
+"""What peer routers ask an engine besides generation: `/tokenize` (and `/detokenize`), render
+and server info.
 
 vllm-router's cache-aware policies get a request's token ids from the engine
 (`POST /v1/chat/completions/render` or `/v1/completions/render`, falling back
@@ -19,7 +20,7 @@ from aiohttp import web
 from headcount.sim.engine.parsing import parse_object, requested_model
 from headcount.sim.engine.prompts import chat_prompt_ids, completion_prompt_ids, tokenize
 from headcount.sim.engine.state import EngineState
-from headcount.sim.engine.wire import JSON, RequestError, json_bytes
+from headcount.sim.engine.wire import JSON, RequestError, bad_request, json_bytes
 
 __all__ = ["TokenizeApi"]
 
@@ -34,6 +35,7 @@ class TokenizeApi:
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/tokenize", self._tokenize),
+            web.post("/detokenize", self._detokenize),
             web.post("/v1/chat/completions/render", self._render_chat),
             web.post("/v1/completions/render", self._render_completion),
             web.get("/get_server_info", self._server_info),
@@ -52,6 +54,18 @@ class TokenizeApi:
                 "tokens": ids,
                 "token_strs": strings,
             }
+
+        return await self._answer(request, answer)
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `/detokenize` shape; the sim's vocabulary has no decoder, so each id is
+        written as `<id>`."""
+
+        def answer(body: dict[str, Any], model: str) -> object:
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise bad_request("`tokens` must be a list of token ids")
+            return {"prompt": "".join(f"<{token}>" for token in tokens)}
 
         return await self._answer(request, answer)
 
