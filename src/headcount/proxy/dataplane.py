@@ -49,7 +49,8 @@ Errors are OpenAI-shaped JSON (`errors.py`): 401 no or wrong key, 400 bad JSON
 or no `model`, 404 unknown model, 413 body too large, 503 no routable engine
 (or, from the HTTP layer, too many connections or request bodies held), 502/504
 after failover, 500 for a bug in the router (logged once; no stack trace
-reaches a client).
+reaches a client). Over 450 lines: lifecycle, screening and dispatch share the
+`Proxy`'s state; the exchange, admission and headers have their own modules.
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ class Proxy:
     ) -> None:
         """`credentials` None: no key needed, the client's `Authorization` passes through.
         `resolver` looks engine host names up (shared with the probes; default: a fresh one
-        with the default `DnsSettings`), `dial` opens engine connections (tests inject here).
-        `resources` hears of the router's own resources running out (None: one counting into
-        `metrics` and seeing what they count). `flow`: flow control (a tenants file), None off.
-        `engine_tls`: how https engines are dialled (None: only plain http ones can be)."""
+        with the default `DnsSettings`), `dial` opens plain engine connections (tests inject
+        here), `engine_tls` https ones (None: none can be). `resources` hears of the router's
+        own resources running out (None: one counting into `metrics` and seeing what they
+        count). `flow`: flow control (a tenants file), None off."""
         self.fleet = fleet
         self.policy = policy
         self.metrics = metrics
