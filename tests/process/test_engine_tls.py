@@ -1,10 +1,11 @@
-"""Engines behind TLS: `headcount serve` as a child process, simulated engines serving https.
+"""Engines behind TLS: simulated engines serving https, certificates made per test (trustme).
 
-Certificates are made per test (trustme): a CA the router is told to trust, one
-it is not, an engine certificate naming only a host name (as a mesh's does, no
-pod IP), and a client CA for engines that require the router's certificate.
-Everything is judged from outside: answers through the router, and `/engines`,
-whose state and `last_error` say why an engine is not routed to.
+A CA the router is told to trust, one it is not, engine certificates naming
+only a host name (as a mesh's do, no pod IP), and a client CA for engines that
+require the router's certificate. Most tests run `headcount serve` as a child
+process and judge it from outside: answers through it, and `/engines`, whose
+state and `last_error` say why an engine is not routed to. The data plane's
+dialling and kv-aware's `/tokenize` calls are also driven in this process.
 """
 
 from __future__ import annotations
@@ -26,15 +27,20 @@ from headcount._http.pool import PoolOptions, UpstreamPool
 from headcount._http.resolve import Resolver
 from headcount._http.tls import build_engine_tls
 from headcount.config import DiscoveryMode, EngineScheme, EngineTlsSettings
+from headcount.sim.apiserver import make_endpointslice, make_service
 from headcount.sim.cluster import (
     PYTHON_CLI,
     RouterFlags,
     RouterProcess,
     Timings,
+    hosts,
     sim_cluster,
     wait_until,
 )
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine, start_engine
+from tests.support.kv_event_index import EventIndex
+from tests.support.kv_routed import BS, ENGINES, QUESTIONS, ask, kv_policy, record
+from tests.support.routed import CHAT, routed
 
 __all__: list[str] = []
 
@@ -243,6 +249,38 @@ async def test_pods_are_reached_over_https_with_engine_scheme_https(
         assert all(engine.stats()["served"] != 0 for engine in engines)
 
 
+async def test_a_service_whose_port_declares_https_is_reached_over_https(
+    ca: trustme.CA, tmp_path: Path
+) -> None:
+    """`appProtocol: https` on the Service's port, no `--engine-scheme`: the engine is https
+    and its certificate is checked against the Service's name, sent as SNI."""
+    (address,) = hosts("127.0.14", 1)
+    async with sim_cluster(tmp_path, [address]) as cluster:
+        name = f"vllm.{cluster.namespace}"
+        pem = write_cert(ca.issue_cert(name), tmp_path, "service")
+        cluster.engines["vllm"] = await start_engine(
+            replace(tls_engine(pem, host=address), port=cluster.port)
+        )
+        service = make_service(
+            "vllm", namespace=cluster.namespace, labels={"app": "engine"}, ports=[cluster.port]
+        )
+        service["spec"]["ports"][0]["appProtocol"] = "https"
+        cluster.api.apply_service(service)
+        cluster.api.apply_endpointslice(
+            make_endpointslice("vllm", [(address, True)], cluster.port, namespace=cluster.namespace)
+        )
+        flags = replace(
+            cluster.router_flags(FAST),
+            discovery=DiscoveryMode.K8S_SERVICES,
+            resolve=(f"{name}={address}",),
+            engine_tls_ca_file=write_ca(ca, tmp_path, "engines"),
+        )
+        async with router(flags) as process:
+            await wait_until(lambda: process.client.routable(MODEL), timeout=10)
+            [engine] = await process.client.engines()
+            assert engine["url"] == f"https://{name}:{cluster.port}"
+
+
 def engine_pool(url: str, ca_file: Path) -> UpstreamPool:
     tls = build_engine_tls(EngineTlsSettings(ca_file=ca_file))
     options = PoolOptions(
@@ -273,6 +311,27 @@ async def test_the_data_plane_dials_https_engines_and_names_a_failed_verificatio
     assert str(failed.value) == (
         "TLS handshake failed: certificate verify failed: unable to get local issuer certificate"
     )
+
+
+async def test_kv_aware_asks_an_https_engines_tokenize_over_tls(
+    ca: trustme.CA, tmp_path: Path
+) -> None:
+    """With no router tokenizer, the prompt's ids come from the engines' `/tokenize`, on the
+    proxy's pools: over TLS, so warm requests are predicted cached as the engine reports."""
+    pem = write_cert(ca.issue_cert(HOST), tmp_path, "engine")
+    configs = [replace(c, tls_cert=str(pem.cert), tls_key=str(pem.key)) for c in ENGINES]
+    tls = build_engine_tls(EngineTlsSettings(ca_file=write_ca(ca, tmp_path, "engines")))
+    index = EventIndex(BS)
+    async with routed(*configs, policy=kv_policy(index, None), engine_tls=tls) as setup:
+        assert all(url.startswith("https://") for url in setup.engine_ids)
+        record(setup, index)
+        predicted, reported = [], []
+        for question in QUESTIONS:
+            status, body, headers = await setup.post(CHAT, ask(question))
+            assert status == 200, body
+            predicted.append(int(headers["x-headcount-cached-tokens"]))
+            reported.append(body["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert predicted == reported and all(tokens > 150 for tokens in predicted[1:]), predicted
 
 
 def test_an_unusable_certificate_file_stops_serve_with_one_line(tmp_path: Path) -> None:
