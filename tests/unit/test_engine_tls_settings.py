@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trustme
+from cryptography.hazmat.primitives import serialization
 
 from headcount._http.tls import build_engine_tls
 from headcount.cli.main import _parser
@@ -86,12 +87,18 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     directory = tmp_path_factory.mktemp("pki")
     ca = trustme.CA()
     leaf, other = ca.issue_cert("router"), trustme.CA().issue_cert("other")
-    files = {name: directory / f"{name}.pem" for name in ("ca", "cert", "key", "other", "junk")}
+    names = ("ca", "cert", "key", "other", "junk", "locked")
+    files = {name: directory / f"{name}.pem" for name in names}
     ca.cert_pem.write_to_path(str(files["ca"]))
     leaf.cert_chain_pems[0].write_to_path(str(files["cert"]))
     leaf.private_key_pem.write_to_path(str(files["key"]))
     other.private_key_pem.write_to_path(str(files["other"]))
     files["junk"].write_text("not a certificate\n")
+    key = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), password=None)
+    encryption = serialization.BestAvailableEncryption(b"secret")
+    files["locked"].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    )
     return files
 
 
@@ -121,6 +128,11 @@ def test_the_context_verifies_by_default_with_the_given_ca_and_certificate(
             "the key does not match the certificate",
         ),
         ({"cert_file": "junk"}, "--engine-tls-cert-file {junk}: not a PEM certificate and key"),
+        (
+            {"cert_file": "cert", "key_file": "locked"},
+            "--engine-tls-cert-file {cert} with --engine-tls-key-file {locked}: "
+            "the key is encrypted; give it unencrypted",
+        ),
     ],
 )
 def test_an_unusable_file_is_one_line_naming_flag_and_file(

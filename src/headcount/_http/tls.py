@@ -85,15 +85,22 @@ def _reason(exc: ssl.SSLError) -> str:
         "KEY_VALUES_MISMATCH": "the key does not match the certificate",
         "NO_CERTIFICATE_OR_CRL_FOUND": "no PEM certificate in it",
     }
-    reason = exc.reason
+    reason = _ssl_reason(exc)
     if reason is None:  # OpenSSL's PEM reader gives none: "[SSL] PEM lib"
         return "not a PEM certificate and key"
     return reasons.get(reason, reason.replace("_", " ").lower())
 
 
 def tls_failure(exc: ssl.SSLError) -> str:
-    """A failed handshake in a line for `/health/engines`: "certificate verify failed:
+    """A failed handshake in a line for `/engines`: "certificate verify failed:
     Hostname mismatch, ...", "tlsv13 alert certificate required"."""
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"certificate verify failed: {exc.verify_message}"
-    return (exc.reason or str(exc)).replace("_", " ").lower()
+        verify_message: str | None = getattr(exc, "verify_message", None)
+        return f"certificate verify failed: {verify_message or exc}"
+    return (_ssl_reason(exc) or str(exc)).replace("_", " ").lower()
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str | None:
+    """OpenSSL's reason code, None when it gave none (typeshed says `str`: mypyc would raise)."""
+    reason: str | None = getattr(exc, "reason", None)
+    return reason
