@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver, pinned_first
 from headcount._http.resources import raise_open_file_limit, release_large_allocations
+from headcount._http.tls import EngineTls, build_engine_tls
 from headcount.auth import Authentication, Credentials
 from headcount.auth.tenants import Tenants
 from headcount.compiled import data_plane, stale_compiled
@@ -98,8 +99,11 @@ class Router:
         fleet: Fleet,
         sources: Sequence[DiscoverySource],
         kv: KvWiring | None = None,
+        engine_tls: EngineTls | None = None,
     ) -> None:
-        """`kv`: the indexes and tokenizer of `--routing kv-aware` (`build_kv_wiring`)."""
+        """`kv`: the indexes and tokenizer of `--routing kv-aware` (`build_kv_wiring`).
+        `engine_tls`: the context for https engines (`serve` builds it off the event loop);
+        None: built here from `settings.engine_tls`."""
         self.settings = settings
         self.fleet = fleet
         self.sources = list(sources)
@@ -111,11 +115,14 @@ class Router:
         credentials = self.auth.credentials
         # one lookup policy for probes and proxy
         resolver = Resolver(settings.dns.timeout, pinned_first(settings.dns.pinned))
+        # one TLS context for probes, proxy and /tokenize
+        tls = engine_tls or build_engine_tls(settings.engine_tls)
         self.prober = Prober(
             self.fleet,
             settings.probe,
             headers=credentials.engine_probe_headers,
             resolver=resolver,
+            tls=tls,
         )
         self.flow = _flow_control(settings, fleet, credentials, self.metrics)
         self.supervisor = Supervisor(settings.supervision, self.metrics.task_restarts)
@@ -140,6 +147,7 @@ class Router:
             credentials,
             resolver=resolver,
             flow=self.flow,
+            engine_tls=tls,
         )
 
     def _local_problems(self) -> list[str]:
@@ -395,7 +403,8 @@ async def serve(settings: Settings) -> None:
     kv = None
     if settings.proxy.routing is RoutingName.KV_AWARE:
         kv = await build_kv_wiring(settings.kv_events, fleet)
-    router = Router(settings, fleet, await build_sources(settings, fleet), kv)
+    tls = await asyncio.to_thread(build_engine_tls, settings.engine_tls)
+    router = Router(settings, fleet, await build_sources(settings, fleet), kv, tls)
     loop.add_signal_handler(signal.SIGHUP, router.auth.reload_soon)
     gc.freeze()
     await router.run(stop, hurry)

@@ -30,6 +30,8 @@ __all__ = [
     "DiscoveryMode",
     "DiscoverySettings",
     "DnsSettings",
+    "EngineScheme",
+    "EngineTlsSettings",
     "FlowSettings",
     "HealthSettings",
     "KvEventsSettings",
@@ -64,6 +66,16 @@ class DiscoveryMode(enum.StrEnum):
     STATIC = "static"
     K8S_PODS = "k8s-pods"
     K8S_SERVICES = "k8s-services"
+
+
+class EngineScheme(enum.StrEnum):
+    """How Kubernetes engines are spoken to (`--engine-scheme`); a static URL says its own."""
+
+    HTTP = "http"
+    HTTPS = "https"
+
+
+_SCHEMES = frozenset(scheme.value for scheme in EngineScheme)
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -264,6 +276,9 @@ class DiscoverySettings:
     """None: the pod's own namespace in-cluster, else the kubeconfig context's."""
     label_selector: str = ""
     engine_port: int = 8000
+    engine_scheme: EngineScheme = EngineScheme.HTTP
+    """Kubernetes modes: plain HTTP unless the engines terminate TLS themselves (a mesh, a
+    managed cluster); a Service port named or with appProtocol `https` is https anyway."""
     watch_idle_timeout: float = 90.0
     """The API server sends a bookmark about once a minute; 90 s of silence means a dead stream."""
     watch_timeout_min: float = 300.0
@@ -341,6 +356,45 @@ class DnsSettings:
                 raise ConfigError(
                     f"--resolve {name}={address}: {address!r} is not an IP address"
                 ) from None
+
+
+@dataclass(frozen=True)
+class EngineTlsSettings:
+    """How the router trusts and proves itself to engines spoken to over https.
+
+    Read only for https engines; the context is built once at start
+    (`headcount._http.tls`), so a bad file stops the router there, not at its first request.
+    """
+
+    ca_file: Path | None = None
+    """PEM bundle of the CAs engine certificates are checked against; None: the system's."""
+    cert_file: Path | None = None
+    """PEM client certificate (and its key, unless `key_file`), for engines that require one."""
+    key_file: Path | None = None
+    server_name: str | None = None
+    """The name sent as SNI and checked against every engine certificate, in place of the
+    engine's host name: a pod IP rarely appears in a certificate, a shared name does."""
+    insecure_skip_verify: bool = False
+    """Off: certificates are verified. On: any certificate is accepted (encrypted, not
+    authenticated), for a test cluster's self-signed engines only."""
+
+    def __post_init__(self) -> None:
+        for flag, path in (
+            ("--engine-tls-ca-file", self.ca_file),
+            ("--engine-tls-cert-file", self.cert_file),
+            ("--engine-tls-key-file", self.key_file),
+        ):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{flag} {path}: no such file")
+        if self.key_file is not None and self.cert_file is None:
+            raise ConfigError("--engine-tls-key-file needs --engine-tls-cert-file")
+        if self.server_name is not None and not self.server_name.strip():
+            raise ConfigError("--engine-tls-server-name must not be empty")
+        if self.insecure_skip_verify and self.ca_file is not None:
+            raise ConfigError(
+                "--engine-tls-insecure-skip-verify checks no certificate: drop it or "
+                "--engine-tls-ca-file"
+            )
 
 
 @dataclass(frozen=True)
@@ -541,6 +595,7 @@ class Settings:
     supervision: SupervisionSettings = field(default_factory=SupervisionSettings)
     kv_events: KvEventsSettings = field(default_factory=KvEventsSettings)
     flow: FlowSettings = field(default_factory=FlowSettings)
+    engine_tls: EngineTlsSettings = field(default_factory=EngineTlsSettings)
 
     def __post_init__(self) -> None:
         """The checks that span parts: a lookup ends before the probe that waits on it, a
@@ -588,8 +643,8 @@ def backend_base_url(url: str) -> str:
 
 def _check_backend_url(url: str) -> None:
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ConfigError(f"--backends {url!r}: expected http://host:port (plain HTTP)")
+    if parts.scheme not in _SCHEMES or not parts.hostname:
+        raise ConfigError(f"--backends {url!r}: expected http://host:port or https://host:port")
     try:
         _ = parts.port
     except ValueError as exc:

@@ -21,6 +21,7 @@ import aiohttp
 from headcount._http.local import LocalRequest, LocalResponse
 from headcount._http.pool import Dial
 from headcount._http.resolve import Resolver
+from headcount._http.tls import EngineTls
 from headcount.config import OutlierSettings, ProxySettings
 from headcount.fleet import Fleet
 from headcount.proxy import Proxy, start_server
@@ -111,6 +112,7 @@ async def routed(
     outliers: OutlierSettings | None = None,
     resolver: Resolver | None = None,
     dial: Dial | None = None,
+    engine_tls: EngineTls | None = None,
 ) -> AsyncIterator[Routed]:
     async with AsyncExitStack() as stack:
         engines = [await stack.enter_async_context(running_engine(c)) for c in configs]
@@ -130,6 +132,7 @@ async def routed(
             local_app,
             resolver=resolver,
             dial=dial,
+            engine_tls=engine_tls,
         )
         server = await start_server(proxy, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]

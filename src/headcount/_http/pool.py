@@ -14,11 +14,17 @@ shared `Resolver` (never cached; a literal IP is used as is), then each address
 is tried in order within `connect_timeout`. A failed lookup is `LookupFailed`
 and the router's own exhaustion (EMFILE, ENFILE, ENOMEM, ENOBUFS) is
 `LocalResourceExhausted`: neither is `ConnectFailed`, which blames the engine.
+
+An `https://` engine is dialled with the router's one `EngineTls` (`tls.py`): the
+handshake happens inside `connect_timeout`, a certificate that does not verify is
+a `ConnectFailed` saying so, and the connection's protocol is the same. A plain
+`http://` engine's pool dials exactly as before, with no TLS object in its path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -30,6 +36,7 @@ from headcount._http.errors import (
     local_resource,
 )
 from headcount._http.resolve import Resolver, literal_address
+from headcount._http.tls import EngineTls, tls_failure
 from headcount._http.upstream import UpstreamConnection
 
 __all__ = ["Dial", "PoolOptions", "UpstreamPool", "Upstreams"]
@@ -39,13 +46,35 @@ Dial = Callable[
     Awaitable[tuple[asyncio.BaseTransport, "UpstreamConnection"]],
 ]
 """Opens a TCP connection to (address, port) with a protocol factory: `loop.create_connection`
-in production; tests inject failures (EMFILE) here."""
+in production; tests inject failures (EMFILE) here (plain HTTP engines only)."""
 
 
 async def _create_connection(
     factory: Callable[[], UpstreamConnection], address: str, port: int
 ) -> tuple[asyncio.BaseTransport, UpstreamConnection]:
     return await asyncio.get_running_loop().create_connection(factory, address, port)
+
+
+def _tls_dial(tls: EngineTls | None, host: str) -> Dial:
+    """Dials one https engine: TLS over TCP, asking for (and verifying) its server name."""
+
+    async def create_tls_connection(
+        factory: Callable[[], UpstreamConnection], address: str, port: int
+    ) -> tuple[asyncio.BaseTransport, UpstreamConnection]:
+        if tls is None:
+            raise ConnectFailed("an https engine, and the router was given no TLS settings")
+        try:
+            return await asyncio.get_running_loop().create_connection(
+                factory,
+                address,
+                port,
+                ssl=tls.context,
+                server_hostname=tls.server_hostname(host),
+            )
+        except ssl.SSLError as exc:
+            raise ConnectFailed(f"TLS handshake failed: {tls_failure(exc)}") from None
+
+    return create_tls_connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +94,8 @@ class PoolOptions:
     """Looks engine host names up; shared with the probes."""
     dial: Dial | None = None
     """Opens connections: `loop.create_connection` unless a test injects failures."""
+    tls: EngineTls | None = None
+    """How https engines are dialled (`tls.py`); plain http engines never read it."""
 
 
 class UpstreamPool:
@@ -94,9 +125,10 @@ class UpstreamPool:
         options: PoolOptions,
     ) -> None:
         parts = urlsplit(url)
+        secure = parts.scheme == "https"
         self.url = url
         self.host = parts.hostname or "localhost"
-        self.port = parts.port or 80
+        self.port = parts.port or (443 if secure else 80)
         self.host_header = b"host: %s\r\n" % parts.netloc.encode("idna")
         self.connect_timeout = options.connect_timeout
         self.read_timeout = options.read_timeout
@@ -105,7 +137,10 @@ class UpstreamPool:
         self.max_idle = options.max_idle
         self.max_head_size = options.max_head_size
         self._resolver = options.resolver
-        self._dial = options.dial or _create_connection
+        if secure:
+            self._dial = _tls_dial(options.tls, self.host)
+        else:
+            self._dial = options.dial or _create_connection
         literal = literal_address(self.host)
         self._addresses = None if literal is None else (literal,)
         self._idle: dict[UpstreamConnection, None] = {}

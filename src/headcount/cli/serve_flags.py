@@ -21,6 +21,8 @@ from headcount.config import (
     DiscoveryMode,
     DiscoverySettings,
     DnsSettings,
+    EngineScheme,
+    EngineTlsSettings,
     FlowSettings,
     HealthSettings,
     KvEventsSettings,
@@ -115,7 +117,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_R
         type=_split_backends,
         default=discovery_d.backends,
         metavar="URL,URL,...",
-        help="static: the engines, http://host:port each, without /v1 (default: none)",
+        help="static: the engines, http://host:port or https://host:port each, without /v1 "
+        "(default: none)",
     )
     discovery.add_argument(
         "--kubeconfig",
@@ -141,6 +144,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_R
         type=parse_port,
         default=discovery_d.engine_port,
         help=f"Kubernetes modes: the engines' HTTP port (default {discovery_d.engine_port})",
+    )
+    discovery.add_argument(
+        "--engine-scheme",
+        type=lowercase,
+        choices=[s.value for s in EngineScheme],
+        default=discovery_d.engine_scheme.value,
+        help="Kubernetes modes: https for engines that terminate TLS themselves; a Service "
+        "port named https or with appProtocol https is https anyway "
+        f"(default {discovery_d.engine_scheme.value})",
     )
     for flag, default, what in (
         (
@@ -377,6 +389,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_R
     )
 
     _add_kv_arguments(parser)
+    _add_engine_tls_arguments(parser)
 
     auth_d = AuthSettings()
     auth = parser.add_argument_group("authentication")
@@ -402,6 +415,46 @@ def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_R
         "priority, weight and limits; turns flow control on (default: off)",
     )
     _add_flow_arguments(parser)
+
+
+def _add_engine_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    tls_d = EngineTlsSettings()
+    tls = parser.add_argument_group(
+        "engine TLS", "Read only for https engines; certificates are verified by default."
+    )
+    tls.add_argument(
+        "--engine-tls-ca-file",
+        type=Path,
+        default=tls_d.ca_file,
+        help="PEM bundle of the CAs engine certificates are checked against "
+        "(default: the system's)",
+    )
+    tls.add_argument(
+        "--engine-tls-cert-file",
+        type=Path,
+        default=tls_d.cert_file,
+        help="PEM client certificate (with its key unless --engine-tls-key-file) for engines "
+        "that require one (default: none)",
+    )
+    tls.add_argument(
+        "--engine-tls-key-file",
+        type=Path,
+        default=tls_d.key_file,
+        help="PEM key of --engine-tls-cert-file, unencrypted (default: in the cert file)",
+    )
+    tls.add_argument(
+        "--engine-tls-server-name",
+        default=tls_d.server_name,
+        help="name sent (SNI) and verified for every engine instead of its host name, for "
+        "pod IPs that no certificate names (default: the engine's host name)",
+    )
+    tls.add_argument(
+        "--engine-tls-insecure-skip-verify",
+        action="store_true",
+        default=tls_d.insecure_skip_verify,
+        help="accept any engine certificate: encrypted, not authenticated; test clusters "
+        "only (default: off, verified)",
+    )
 
 
 def _add_flow_arguments(parser: argparse.ArgumentParser) -> None:
@@ -571,6 +624,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             namespace=ns.namespace,
             label_selector=ns.label_selector,
             engine_port=ns.engine_port,
+            engine_scheme=EngineScheme(ns.engine_scheme),
             watch_idle_timeout=ns.watch_idle_timeout,
             watch_timeout_min=ns.watch_timeout_min,
             watch_timeout_max=ns.watch_timeout_max,
@@ -638,6 +692,13 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             max_ejected_percent=ns.outlier_max_ejected_percent,
         ),
         dns=DnsSettings(timeout=ns.dns_timeout, pinned=dict(ns.resolve)),
+        engine_tls=EngineTlsSettings(
+            ca_file=ns.engine_tls_ca_file,
+            cert_file=ns.engine_tls_cert_file,
+            key_file=ns.engine_tls_key_file,
+            server_name=ns.engine_tls_server_name,
+            insecure_skip_verify=ns.engine_tls_insecure_skip_verify,
+        ),
         kv_events=KvEventsSettings(
             port=ns.kv_events_port,
             replay_port=ns.kv_events_replay_port,

@@ -1,10 +1,11 @@
 """Start-up hints for `headcount serve`: what a command line accepted probably did not mean.
 
 An engine URL written as an OpenAI `base_url`, a flag the chosen mode never
-reads (flow control's without `--tenants-file`), a watch idle timeout under the
-API server's bookmark interval: each is accepted (the router starts) and named
-once at start with what to do instead, rather than found later as an unhealthy
-engine or a relist every few seconds.
+reads (flow control's without `--tenants-file`, engine TLS's without an https
+engine), a watch idle timeout under the API server's bookmark interval: each
+is accepted (the router starts) and named once at start with what to do
+instead, rather than found later as an unhealthy engine or a relist every few
+seconds.
 Pure: the settings and the flags given in, the warnings out.
 """
 
@@ -24,6 +25,7 @@ _KUBERNETES_ONLY = (
     "--namespace",
     "--label-selector",
     "--engine-port",
+    "--engine-scheme",
     "--watch-idle-timeout",
     "--watch-timeout-min",
     "--watch-timeout-max",
@@ -42,6 +44,13 @@ _KV_AWARE_ONLY = (
     "--tokenize-timeout",
 )
 _FLOW_ONLY = ("--max-queued", "--queue-timeout", "--limits-store", "--limits-store-timeout")
+_ENGINE_TLS_ONLY = (
+    "--engine-tls-ca-file",
+    "--engine-tls-cert-file",
+    "--engine-tls-key-file",
+    "--engine-tls-server-name",
+    "--engine-tls-insecure-skip-verify",
+)
 
 
 def serve_hints(settings: Settings, given: Collection[str], backends: Sequence[str]) -> list[str]:
@@ -55,6 +64,8 @@ def serve_hints(settings: Settings, given: Collection[str], backends: Sequence[s
     discovery = settings.discovery
     if discovery.mode is DiscoveryMode.STATIC:
         hints += _unused(given, _KUBERNETES_ONLY, "--discovery static")
+        if not any(url.startswith("https://") for url in discovery.backends):
+            hints += _unused(given, _ENGINE_TLS_ONLY, "no https:// engine in --backends")
     elif discovery.watch_idle_timeout < BOOKMARK_INTERVAL:
         idle = discovery.watch_idle_timeout
         hints.append(

@@ -71,6 +71,7 @@ def k8s_source(
             namespace=namespace,
             label_selector=settings.label_selector,
             timing=timing,
+            scheme=settings.engine_scheme,
         )
     return ServiceSource(
         fleet,
@@ -80,6 +81,7 @@ def k8s_source(
         namespace=namespace,
         label_selector=settings.label_selector,
         timing=timing,
+        scheme=settings.engine_scheme,
     )
 
 

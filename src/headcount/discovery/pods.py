@@ -2,7 +2,8 @@
 
 `pod_to_spec` decides what a pod means for the fleet and nothing else: a pod
 is an engine when it has an IP, runs, is Ready and is not being deleted;
-`why_not_an_engine` names what it lacks otherwise (`pod_engine` answers both). Its
+`why_not_an_engine` names what it lacks otherwise (`pod_engine` answers both); the
+engine is `http://` or `https://` its IP as `--engine-scheme` says. Its
 `kv-events-port` and `kv-events-replay-port` annotations (`kv_event_ports`,
 shared with Services) say where its KV events are published; a malformed one
 is ignored with a warning, the engine still routable.
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from headcount.clock import Clock, Sleep
+from headcount.config import EngineScheme
 from headcount.discovery.isolation import Isolation
 from headcount.discovery.listwatch import KubeObject, ListerWatcher, object_key
 from headcount.discovery.reflector import Reflector, ReflectorTiming
@@ -105,13 +107,17 @@ def why_not_an_engine(pod: KubeObject) -> str | None:
     return None
 
 
-def pod_to_spec(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec | None:
+def pod_to_spec(
+    pod: KubeObject, *, source: str, engine_port: int, scheme: EngineScheme = EngineScheme.HTTP
+) -> EngineSpec | None:
     """The engine a pod stands for, or None while it is not one (raises if malformed)."""
-    engine = pod_engine(pod, source=source, engine_port=engine_port)
+    engine = pod_engine(pod, source=source, engine_port=engine_port, scheme=scheme)
     return engine if isinstance(engine, EngineSpec) else None
 
 
-def pod_engine(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec | str:
+def pod_engine(
+    pod: KubeObject, *, source: str, engine_port: int, scheme: EngineScheme = EngineScheme.HTTP
+) -> EngineSpec | str:
     """The engine a pod stands for, or why it is not one (raises if malformed)."""
     reason = why_not_an_engine(pod)
     if reason is not None:
@@ -126,7 +132,7 @@ def pod_engine(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec 
     return EngineSpec(
         id=str(metadata["uid"]),
         name=f"{namespace}/{name}",
-        url=_engine_url(str(ip), engine_port),
+        url=_engine_url(scheme, str(ip), engine_port),
         source=source,
         model_label=labels.get("model"),
         sleeping=labels.get("sleeping") == "true",
@@ -138,13 +144,13 @@ def pod_engine(pod: KubeObject, *, source: str, engine_port: int) -> EngineSpec 
     )
 
 
-def _engine_url(host: str, port: int) -> str:
-    """`http://host:port` for an IP (IPv6 in brackets); raises ValueError for a non-IP."""
+def _engine_url(scheme: EngineScheme, host: str, port: int) -> str:
+    """`scheme://host:port` for an IP (IPv6 in brackets); raises ValueError for a non-IP."""
     try:
         socket.inet_pton(socket.AF_INET, host)
     except OSError:
-        return f"http://[{ipaddress.IPv6Address(host)}]:{port}"
-    return f"http://{host}:{port}"
+        return f"{scheme.value}://[{ipaddress.IPv6Address(host)}]:{port}"
+    return f"{scheme.value}://{host}:{port}"
 
 
 def _is_ready(status: Mapping[str, Any]) -> bool:
@@ -235,6 +241,7 @@ class PodSource:
         namespace: str,
         label_selector: str,
         timing: ReflectorTiming,
+        scheme: EngineScheme = EngineScheme.HTTP,
         name: str = "k8s-pods",
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
@@ -247,6 +254,7 @@ class PodSource:
         )
         self._fleet = fleet
         self._engine_port = engine_port
+        self._scheme = scheme
         self._isolation = Isolation(name)
         self._reflector = Reflector(
             pods,
@@ -269,7 +277,9 @@ class PodSource:
         return not_an_engine(pod, "pod", "malformed" if engine is None else engine)
 
     def _map(self, pod: KubeObject) -> EngineSpec | str:
-        return pod_engine(pod, source=self.status.name, engine_port=self._engine_port)
+        return pod_engine(
+            pod, source=self.status.name, engine_port=self._engine_port, scheme=self._scheme
+        )
 
     def _on_list(self, pods: list[KubeObject]) -> None:
         reconcile_observed(self._fleet, self.status, [self._engine(pod) for pod in pods])

@@ -2,7 +2,9 @@
 
 `service_to_spec` is the pure join of one Service with its EndpointSlices
 (discovery.k8s.io/v1, labelled `kubernetes.io/service-name`): the engine is the
-Service's cluster DNS name, ready iff any endpoint is ready. `ServiceSource`
+Service's cluster DNS name, ready iff any endpoint is ready, spoken to over
+https when `--engine-scheme https` says so or its port does (`appProtocol: https`,
+or a name `https` or `https-...`, Istio's convention). `ServiceSource`
 runs two reflectors, one over the selected Services and one over the
 namespace's EndpointSlices, and recomputes a Service whenever either side
 changes: a slice whose endpoints turn ready updates the engine though the
@@ -16,10 +18,11 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from headcount.clock import Clock, Sleep
+from headcount.config import EngineScheme
 from headcount.discovery.isolation import Isolation
 from headcount.discovery.listwatch import KubeObject, ListerWatcher
 from headcount.discovery.pods import (
@@ -65,11 +68,13 @@ def service_to_spec(
     *,
     source: str,
     engine_port: int | None = None,
+    scheme: EngineScheme = EngineScheme.HTTP,
 ) -> EngineSpec | None:
     """The engine a Service stands for given its slices, or None (raises if malformed).
 
     The port is `engine_port` if the Service exposes it, else the port named
-    `http`, else the first one.
+    `http` or `https`, else the first one; it is https with `scheme` https, or when the
+    port says so (`appProtocol: https`, a name `https` or `https-...`).
     """
     if unroutable_reason(service) is not None:
         return None
@@ -78,12 +83,14 @@ def service_to_spec(
     labels = metadata.get("labels") or {}
     annotations = metadata.get("annotations") or {}
     port = _engine_port(service["spec"]["ports"], engine_port)
+    if _speaks_https(port):
+        scheme = EngineScheme.HTTPS
     object_ref = f"service/{namespace}/{name}"
     kv_events_port, kv_events_replay_port = kv_event_ports(annotations, object_ref)
     return EngineSpec(
         id=str(metadata["uid"]),
         name=f"{namespace}/{name}",
-        url=f"http://{name}.{namespace}:{port}",
+        url=f"{scheme.value}://{name}.{namespace}:{port['port']}",
         source=source,
         model_label=labels.get("model"),
         sleeping=labels.get("sleeping") == "true",
@@ -96,14 +103,22 @@ def service_to_spec(
     )
 
 
-def _engine_port(ports: Sequence[Any], engine_port: int | None) -> int:
-    numbers = [int(port["port"]) for port in ports]
-    if engine_port in numbers:
-        return engine_port
-    for port, number in zip(ports, numbers, strict=True):
-        if port.get("name") == "http":
-            return number
-    return numbers[0]
+def _engine_port(ports: Sequence[Mapping[str, Any]], engine_port: int | None) -> Mapping[str, Any]:
+    """The Service port engines are reached on, its number checked to be one."""
+    numbered = [(int(port["port"]), port) for port in ports]
+    for number, port in numbered:
+        if number == engine_port:
+            return port
+    for _, port in numbered:
+        if port.get("name") in ("http", "https"):
+            return port
+    return numbered[0][1]
+
+
+def _speaks_https(port: Mapping[str, Any]) -> bool:
+    name = str(port.get("name") or "")
+    protocol = str(port.get("appProtocol") or "").lower()
+    return protocol == "https" or name == "https" or name.startswith("https-")
 
 
 def _has_ready_endpoint(endpoint_slice: KubeObject) -> bool:
@@ -128,6 +143,7 @@ class ServiceSource:
         namespace: str,
         label_selector: str,
         timing: ReflectorTiming,
+        scheme: EngineScheme = EngineScheme.HTTP,
         name: str = "k8s-services",
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
@@ -145,6 +161,7 @@ class ServiceSource:
         self.status = SourceStatus(name=name, kind="k8s-services", watches=watched)
         self._fleet = fleet
         self._engine_port = engine_port
+        self._scheme = scheme
         self._isolation = Isolation(name)
         self._services: dict[str, KubeObject] = {}
         self._slices: dict[str, KubeObject] = {}
@@ -264,7 +281,11 @@ class ServiceSource:
         name = str(service["metadata"]["name"])
         slices = [self._slices[s] for s in sorted(self._slices_of.get(name, ()))]
         return service_to_spec(
-            service, slices, source=self.status.name, engine_port=self._engine_port
+            service,
+            slices,
+            source=self.status.name,
+            engine_port=self._engine_port,
+            scheme=self._scheme,
         )
 
     def _reconcile(self) -> None:

@@ -17,6 +17,10 @@ ready, unhealthy); the prober logs a failure that changes no state once per
 engine until its reason changes, and the traceback of any exception that is
 not one an engine or the network can cause.
 
+An https engine is probed with the proxy's `EngineTls` (the same CA, client
+certificate and server name); a handshake that fails says why, in the engine's
+error (`certificate verify failed: ...`).
+
 Engine host names are looked up as the proxy does (`resolver.py`: never
 cached). A probe that fails for the router's own reasons, a failed lookup
 (`dns: ...`), no free fd, or a timeout that fired well past its time (the
@@ -29,14 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 import aiohttp
 
 from headcount._http.errors import LocalResourceExhausted, LookupFailed, local_resource
 from headcount._http.resolve import Resolver
+from headcount._http.tls import EngineTls, tls_failure
 from headcount.clock import Sleep
 from headcount.config import DnsSettings, ProbeSettings
 from headcount.fleet import Engine, Fleet, FleetChange, ProbeResult
@@ -91,11 +98,14 @@ class Prober:
         sleep: Sleep = asyncio.sleep,
         headers: Callable[[], Mapping[str, str] | None] = lambda: None,
         resolver: Resolver | None = None,
+        tls: EngineTls | None = None,
     ) -> None:
         """`sleep` paces the rounds; each probe's timeout is the HTTP client's, in real time.
         `headers()` is sent with every probe request (the engine key, read at each probe).
-        `resolver` is the proxy's (default: a fresh one with the default `DnsSettings`)."""
+        `resolver` is the proxy's (default: a fresh one with the default `DnsSettings`).
+        `tls`: the proxy's, for https engines (default: aiohttp's, the system's CAs)."""
         self._headers = headers
+        self._tls = tls
         self._fleet = fleet
         self._settings = settings
         self._sleep = sleep
@@ -114,6 +124,7 @@ class Prober:
             use_dns_cache=False,
             resolver=ProbeResolver(self._resolver),
             enable_cleanup_closed=True,
+            ssl=True if self._tls is None else self._tls.context,
         )
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             self._session = session
@@ -225,7 +236,11 @@ class Prober:
                 )
                 return ProbeResult(ok=False, error=error, inconclusive=True), None
             unexpected = None if isinstance(models, _EXPECTED) else models
-            return _failed(models, "/v1/models"), unexpected
+            failed = _failed(models, "/v1/models")
+            hint = self._hung_up_hint(engine, models)
+            if hint:
+                failed = replace(failed, error=f"{failed.error}: {hint}")
+            return failed, unexpected
         try:
             cards = cards_parser.close()
         except ModelListError as exc:
@@ -254,6 +269,19 @@ class Prober:
         result = ProbeResult(ok=True, cards=cards, load=figures)
         return result, None
 
+    def _hung_up_hint(self, engine: Engine, exc: BaseException) -> str:
+        """Why an https engine may hang up before answering: TLS servers (aiohttp's, uvicorn's)
+        close without a word on a client that brought no certificate they require."""
+        tls = self._tls
+        if (
+            isinstance(exc, aiohttp.ServerDisconnectedError)
+            and tls is not None
+            and not tls.client_certificate
+            and engine.url.startswith("https://")
+        ):
+            return "no client certificate was sent: does it require one (--engine-tls-cert-file)?"
+        return ""
+
     def _tell_once(
         self,
         engine: Engine,
@@ -274,7 +302,10 @@ class Prober:
         declared length over `max_bytes` is no reason to stop early: the parser may be full
         before (the first 10,000 cards of a listing of 200,000 adapters)."""
         limit = self._settings.max_bytes
-        async with session.get(url, headers=self._headers()) as response:
+        server_name = None if self._tls is None else self._tls.server_name
+        async with session.get(
+            url, headers=self._headers(), server_hostname=server_name
+        ) as response:
             if response.status != 200:
                 raise ProbeError(f"HTTP {response.status}")
             received = 0
@@ -321,6 +352,8 @@ def _local_resource(exc: BaseException) -> str | None:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, asyncio.TimeoutError):
         return "no answer within the probe timeout"
+    if isinstance(exc, aiohttp.ClientSSLError) and isinstance(exc.os_error, ssl.SSLError):
+        return f"TLS handshake failed: {tls_failure(exc.os_error)}"
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect ({exc.os_error or exc})"
     if isinstance(exc, _EXPECTED):

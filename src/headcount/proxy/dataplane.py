@@ -75,6 +75,7 @@ from headcount._http.pool import Dial, PoolOptions, Upstreams
 from headcount._http.resolve import Resolver
 from headcount._http.resources import LocalResources
 from headcount._http.server import HttpServerProtocol, ServerLimits
+from headcount._http.tls import EngineTls
 from headcount._http.wire import INTERNAL_ERROR_BODY, JSON_HEADER, method_not_allowed_body
 from headcount.auth import Credentials
 from headcount.auth.keys import bearer_token
@@ -121,12 +122,14 @@ class Proxy:
         dial: Dial | None = None,
         resources: LocalResources | None = None,
         flow: FlowControl | None = None,
+        engine_tls: EngineTls | None = None,
     ) -> None:
         """`credentials` None: no key needed, the client's `Authorization` passes through.
         `resolver` looks engine host names up (shared with the probes; default: a fresh one
-        with the default `DnsSettings`), `dial` opens engine connections (tests inject here).
-        `resources` hears of the router's own resources running out (None: one counting into
-        `metrics` and seeing what they count). `flow`: flow control (a tenants file), None off."""
+        with the default `DnsSettings`), `dial` opens plain engine connections (tests inject
+        here), `engine_tls` https ones (None: none can be). `resources` hears of the router's
+        own resources running out (None: one counting into `metrics` and seeing what they
+        count). `flow`: flow control (a tenants file), None off."""
         self.fleet = fleet
         self.policy = policy
         self.metrics = metrics
@@ -153,6 +156,7 @@ class Proxy:
                 max_head_size=settings.max_header_size,
                 resolver=resolver or Resolver(DnsSettings().timeout),
                 dial=dial,
+                tls=engine_tls,
             )
         )
         self.flow = flow

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headcount.config import DiscoveryMode, RoutingName
+from headcount.config import DiscoveryMode, EngineScheme, RoutingName
 
 __all__ = ["PYTHON_CLI", "RouterFlags", "Timings", "serve_command"]
 
@@ -54,6 +54,7 @@ class RouterFlags:
     namespace: str | None = None
     label_selector: str | None = None
     engine_port: int | None = None
+    engine_scheme: EngineScheme | None = None
     routing: RoutingName | None = None
     grpc_health_port: int | None = None
     ready_requires_fresh: bool = False
@@ -65,6 +66,10 @@ class RouterFlags:
     tenants_file: Path | None = None
     limits_store: str | None = None
     no_passthrough: bool = False
+    engine_tls_ca_file: Path | None = None
+    engine_tls_cert_file: Path | None = None
+    engine_tls_key_file: Path | None = None
+    engine_tls_server_name: str | None = None
     timings: Timings = field(default_factory=Timings)
 
     def argv(self) -> list[str]:

@@ -173,6 +173,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="uncached prompt tokens prefilled per second, shared first come first served, "
         f"with --kv-blocks; an 8B model on one H100 (default {defaults.prefill_tokens_per_s:g})",
     )
+    for flag, what in (
+        ("--tls-cert", "PEM certificate chain: serve https, as vLLM's --ssl-certfile"),
+        ("--tls-key", "PEM key of --tls-cert, as vLLM's --ssl-keyfile"),
+        ("--tls-client-ca", "PEM CAs a required client certificate must chain to"),
+    ):
+        parser.add_argument(flag, metavar="FILE", help=f"{what} (default: off)")
     add_kv_events_arguments(parser)
 
 
@@ -203,6 +209,9 @@ def _config(ns: argparse.Namespace) -> EngineSimConfig:
         block_size=ns.block_size,
         prefill_tokens_per_s=ns.prefill_tokens_per_s,
         kv_events=kv_events_from_args(ns),
+        tls_cert=ns.tls_cert,
+        tls_key=ns.tls_key,
+        tls_client_ca=ns.tls_client_ca,
     )
 
 

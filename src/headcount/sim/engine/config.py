@@ -62,6 +62,14 @@ class EngineSimConfig:
     """Prompt tokens the engine prefills per second, shared by the requests prefilling."""
     kv_events: KvEventsConfig | None = None
     """Publish vLLM's KV-cache events over ZMQ (`kv_publisher`). None: off."""
+    tls_cert: str | None = None
+    """PEM certificate chain: serve https, as vLLM's `--ssl-certfile` (KV events stay plain
+    ZMQ). None: plain HTTP."""
+    tls_key: str | None = None
+    """PEM key of `tls_cert`, as vLLM's `--ssl-keyfile`."""
+    tls_client_ca: str | None = None
+    """PEM CAs a client certificate must chain to; set, one is required (vLLM's
+    `--ssl-ca-certs` with `--ssl-cert-reqs 2`). None: none asked for."""
 
     def __post_init__(self) -> None:
         if self.fail_mode not in FAIL_MODES:
@@ -80,3 +88,7 @@ class EngineSimConfig:
             raise ValueError("block_size must be at least 1")
         if not (0 < self.prefill_tokens_per_s < math.inf):
             raise ValueError("prefill_tokens_per_s must be a finite number > 0")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together (or neither, plain HTTP)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key (https)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -46,6 +47,7 @@ class SimEngine:
         self._state = EngineState(config, timebase)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.AbstractServer | None = None
+        self._tls: ssl.SSLContext | None = None
         self.kv_events = (
             KvEventPublisher(config.kv_events, config.host, self._reset_prefix_cache)
             if config.kv_events is not None
@@ -64,7 +66,8 @@ class SimEngine:
     @property
     def url(self) -> str:
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        return f"http://{host}:{self.port}"
+        scheme = "http" if self.config.tls_cert is None else "https"
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def fail_mode(self) -> FailMode:
@@ -126,6 +129,7 @@ class SimEngine:
     async def _start(self) -> None:
         if self.config.tokenizer is not None:
             self._state.tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer)
+        self._tls = await asyncio.to_thread(_server_tls, self.config)
         app = web.Application()
         if self.config.api_key is not None:
             app.middlewares.append(require_api_key(self.config.api_key, self._state))
@@ -164,7 +168,12 @@ class SimEngine:
         assert self._runner is not None and self._runner.server is not None
         loop = asyncio.get_running_loop()
         self._listener = await loop.create_server(
-            self._runner.server, self.config.host, self.port, reuse_address=True, backlog=1024
+            self._runner.server,
+            self.config.host,
+            self.port,
+            reuse_address=True,
+            backlog=1024,
+            ssl=self._tls,
         )
         self.port = self._listener.sockets[0].getsockname()[1]
 
@@ -197,6 +206,18 @@ class SimEngine:
         request_id = request.headers.get(REQUEST_ID)
         if request_id is not None:
             response.headers[REQUEST_ID] = request_id
+
+
+def _server_tls(config: EngineSimConfig) -> ssl.SSLContext | None:
+    """The https side of `config.tls_*`, None for plain HTTP (reads the files: a thread)."""
+    if config.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca is not None:
+        context.load_verify_locations(cafile=config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 async def start_engine(config: EngineSimConfig, timebase: Timebase = REAL_TIME) -> SimEngine:
