@@ -134,7 +134,10 @@ class Admission:
             headers = request.headers
             key = source(body, lambda name: find_header(headers, name))
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
-        return _route((model, key), self._fleet.snapshot, policy, ticket=ticket)
+        fleet = self._fleet
+        return _route(
+            (model, key), fleet.snapshot, policy, ticket=ticket, why=fleet.unroutable_reason
+        )
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -148,7 +151,11 @@ class Admission:
         ticket = None
         if flow is not None and not isinstance(read, str):
             ticket = ticket_of(flow, self._credentials, request, None, read[0])
-        return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, ticket=ticket))
+        fleet = self._fleet
+        why = fleet.unroutable_reason
+        return await _decided(
+            _route(read, fleet.snapshot, policy, self._kv, ticket=ticket, why=why)
+        )
 
 
 _REFUSALS = {
@@ -174,16 +181,17 @@ def _route(
     prompt: Sequence[int] | None = None,
     *,
     ticket: Ticket | None = None,
+    why: str = "",
 ) -> Admitted | Refused | Later:
     """The policy's decision for a body already read (`read` is `payload`'s outcome); for
     the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O; a wait only
-    for flow control (`ticket`)."""
+    for flow control (`ticket`). `why`: why no engine is routable, if none is."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
-        return Refused(*unroutable(snapshot, model))
+        return Refused(*unroutable(snapshot, model, why))
     return _select(model, key, candidates, policy, kv, prompt, ticket)
 
 
@@ -270,7 +278,7 @@ class _Prompts:
         model: str = body["model"]
         candidates = snapshot.candidates(model)
         if not candidates:
-            return Refused(*unroutable(snapshot, model))
+            return Refused(*unroutable(snapshot, model, fleet.unroutable_reason))
         ticket = None if flow is None else ticket_of(flow, credentials, request, body, model)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
@@ -302,4 +310,7 @@ class _Prompts:
             authorization=find_header(request.headers, b"authorization"),
         )
         read = (body["model"], None)
-        return await _decided(_route(read, fleet.snapshot, self._kv, self._kv, ids, ticket=ticket))
+        why = fleet.unroutable_reason
+        return await _decided(
+            _route(read, fleet.snapshot, self._kv, self._kv, ids, ticket=ticket, why=why)
+        )

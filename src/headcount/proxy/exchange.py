@@ -686,6 +686,7 @@ class Exchange:
             return False
         retry = self._next_engine()
         if retry is None:
+            load.failures += 1  # the client gets this engine's failure
             if not gateway:
                 self._count_error(engine, HTTP_5XX)  # nothing to tell it by
             return False  # the last engine's answer is the best one the client can get
