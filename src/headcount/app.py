@@ -132,6 +132,7 @@ class Router:
             shutting_down=lambda: self.shutting_down,
             local_problems=self._local_problems,
             kv_views=kv_views,
+            admin_port=settings.server.admin_port,
         )
         self.health_watch = HealthWatch(self.admin.report, fleet)
         self.proxy = Proxy(

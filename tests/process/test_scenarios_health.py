@@ -158,6 +158,12 @@ async def test_a_503_for_an_empty_fleet_says_why_as_health_does(tmp_path: Path) 
                 timeout=2 * EVERY + 5,
                 what="the 503 says the API server is unreachable",
             )
+            logged = [
+                line
+                for line in router.log_path.read_text().splitlines()
+                if "headcount.access" in line and "status=503" in line
+            ]
+            assert logged and all(f"model={MODEL} " in line for line in logged), logged
         await cluster.api.restore()
         typo = replace(k8s_router(cluster), label_selector="app=vlm")
         async with RouterProcess(typo) as router:

@@ -81,6 +81,8 @@ class Refused(NamedTuple):
     label: str
     headers: bytes = JSON_HEADER
     """The answer's header lines."""
+    model: str = ""
+    """The model asked for, for the access log (`label` may be `unknown` for metrics)."""
 
 
 class Later(NamedTuple):
@@ -191,7 +193,7 @@ def _route(
     model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
-        return Refused(*unroutable(snapshot, model, why))
+        return Refused(*unroutable(snapshot, model, why), model=model)
     return _select(model, key, candidates, policy, kv, prompt, ticket)
 
 
@@ -278,7 +280,7 @@ class _Prompts:
         model: str = body["model"]
         candidates = snapshot.candidates(model)
         if not candidates:
-            return Refused(*unroutable(snapshot, model, fleet.unroutable_reason))
+            return Refused(*unroutable(snapshot, model, fleet.unroutable_reason), model=model)
         ticket = None if flow is None else ticket_of(flow, credentials, request, body, model)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
