@@ -37,8 +37,13 @@ def test_each_status_change_is_logged_once_with_its_reasons(
         "/health unavailable: first sync not done: pods; discovery stale: pods",
         "/health ok (was unavailable)",
     ]
-    assert caplog.records[0].levelno == logging.WARNING
+    assert [record.levelno for record in caplog.records] == [logging.INFO, logging.INFO]
     assert caplog.records[1].reasons == []  # type: ignore[attr-defined]
+    source.synced = False
+    with caplog.at_level(logging.INFO, logger="headcount.health"):
+        watch.check()
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.records[-1].getMessage().startswith("/health unavailable (was ok): ")
 
 
 def test_the_reason_no_engine_is_routable_is_left_on_the_fleet() -> None:

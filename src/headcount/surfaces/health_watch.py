@@ -5,7 +5,9 @@ that turned degraded at night would go unlogged; and the proxy's 503 for a
 fleet with no routable engine must say why (`first sync not done: API server
 unreachable`, `no pods match selector app=vlm in namespace default`) without
 judging health per request. Every `EVERY` seconds `HealthWatch.check` judges
-it once: a status unlike the last one is logged with its reasons, and the
+it once: a status unlike the last one is logged with its reasons (WARNING
+for a change to degraded or unavailable, INFO for the first judgement and a
+return to ok; a change shorter than a tick may go unseen), and the
 reason no engine is routable is left on the fleet (`Fleet.unroutable_reason`)
 for the proxy to quote.
 """
@@ -59,7 +61,8 @@ class HealthWatch:
         if status is not previous:
             self._status = status
             reasons = list(report.body["reasons"])
-            log = _log.info if status is Status.OK else _log.warning
+            # the first judgement is the state the router starts in, not a change for the worse
+            log = _log.info if status is Status.OK or previous is None else _log.warning
             log(
                 "/health %s%s%s",
                 status.value,
