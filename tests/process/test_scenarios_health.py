@@ -112,24 +112,29 @@ async def has_status(router: RouterProcess, wanted: str) -> bool:
 async def test_an_unreachable_api_server_is_a_reason_at_once_and_status_changes_are_logged(
     tmp_path: Path,
 ) -> None:
-    async with one_pod_cluster(tmp_path) as cluster, RouterProcess(k8s_router(cluster)) as router:
+    stale_after = 6.0  # room for the reason to show while the status is still ok
+    timings = replace(TIMINGS, discovery_stale_after=stale_after)
+    async with (
+        one_pod_cluster(tmp_path) as cluster,
+        RouterProcess(cluster.router_flags(timings)) as router,
+    ):
         await wait_until(lambda: has_status(router, "ok"), timeout=10, what="synced and probed")
         await cluster.api.refuse()
-        refused = time.monotonic()
 
         async def unreachable_said() -> bool:
-            return any(
+            body = await router.client.health()
+            said = any(
                 reason.startswith("API server unreachable since ")
                 and reason.endswith("; routing on the last known fleet")
-                for reason in (await router.client.health())["reasons"]
+                for reason in body["reasons"]
             )
+            assert not said or body["status"] == "ok", "the status policy stays as it was"
+            return said
 
-        await wait_until(unreachable_said, timeout=STALE_AFTER, what="the cause in reasons")
-        assert time.monotonic() - refused < STALE_AFTER
-        assert await health_status(router) == "ok", "the status policy stays as it was"
+        await wait_until(unreachable_said, timeout=stale_after, what="the cause in reasons")
         await wait_until(
             lambda: "/health degraded (was ok)" in router.log_path.read_text(),
-            timeout=STALE_AFTER + 2 * EVERY + 1,
+            timeout=stale_after + 2 * EVERY + 5,
             what="the change to degraded logged",
         )
         log = router.log_path.read_text().split("/health degraded (was ok)")[1].splitlines()[0]
