@@ -1,7 +1,8 @@
 """Wiring: builds the fleet, discovery, prober, proxy and health from `Settings`, and runs them.
 
 Nothing here decides anything; it starts the pieces, watches that the discovery
-loops stay alive (a dead loop fails `/livez` and is logged), keeps the other
+loops stay alive (a dead loop fails `/livez` and is logged), judges health on a
+tick (`HealthWatch`: status changes logged, the 503's reason), keeps the other
 long-lived tasks going under a `Supervisor` (a crash is logged, counted and
 restarted), and runs the shutdown sequence: on SIGTERM readiness fails at
 once, new requests are still served for `drain_delay`, then the listener
@@ -64,6 +65,7 @@ from headcount.supervise import Supervisor
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.flow_metrics import FlowCollector
 from headcount.surfaces.grpc_health import GrpcHealthServer
+from headcount.surfaces.health_watch import HealthWatch
 from headcount.surfaces.metrics import Metrics
 from headcount.tokens import ChatTokenizer, TokenizerError, builtin_tokenizer, load_tokenizer
 
@@ -137,7 +139,9 @@ class Router:
             shutting_down=lambda: self.shutting_down,
             local_problems=self._local_problems,
             kv_views=kv_views,
+            admin_port=settings.server.admin_port,
         )
+        self.health_watch = HealthWatch(self.admin.report, fleet)
         self.proxy = Proxy(
             self.fleet,
             _policy(settings, kv),
@@ -196,6 +200,8 @@ class Router:
             task.add_done_callback(self._on_source_done)
             self._source_tasks[source.status.name] = task
         prober = asyncio.create_task(self.supervisor.run("prober", self.prober.run), name="prober")
+        watch = self.supervisor.run("health", self.health_watch.run)
+        health_watch = asyncio.create_task(watch, name="health")
         grpc_health = None
         if server_settings.grpc_health_port is not None:
             grpc_health = GrpcHealthServer(
@@ -236,11 +242,10 @@ class Router:
             server.close()
             if grpc_health is not None:
                 await grpc_health.stop()
-            for task in (*self._source_tasks.values(), prober, key_files):
+            others = (prober, key_files, health_watch)
+            for task in (*self._source_tasks.values(), *others):
                 task.cancel()
-            await asyncio.gather(
-                *self._source_tasks.values(), prober, key_files, return_exceptions=True
-            )
+            await asyncio.gather(*self._source_tasks.values(), *others, return_exceptions=True)
             await self.proxy.close()
             if self.flow is not None:
                 await self.flow.close()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from headcount.selectors import SelectorError, parse_label_selector
+
 __all__ = [
     "BUILTIN_TOKENIZER",
     "CLIENT_SHARE_OF_FILES",
@@ -305,6 +307,10 @@ class DiscoverySettings:
             raise ConfigError(f"--kubeconfig {self.kubeconfig}: no such file")
         if self.watch_timeout_min > self.watch_timeout_max:
             raise ConfigError("--watch-timeout-min must not exceed --watch-timeout-max")
+        try:
+            parse_label_selector(self.label_selector)
+        except SelectorError as exc:
+            raise ConfigError(f"--label-selector {self.label_selector!r}: {exc}") from None
         _require_positive(("--watch-idle-timeout", self.watch_idle_timeout))
 
 

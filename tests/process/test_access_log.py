@@ -8,17 +8,24 @@ Sampling on its own is tests/unit/test_access_log.py.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import logging
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+from headcount.sim.cluster.polling import wait_until
+from headcount.sim.engine.config import EngineSimConfig
+from headcount.sim.engine.server import running_engine
 from headcount.tokens import builtin_tokenizer
 from tests.support import blackholed_listener
 from tests.support.kv_event_index import EventIndex
 from tests.support.kv_routed import BS, ENGINES, QUESTIONS, ask, kv_policy, record
 from tests.support.routed import CHAT, MODEL, SETTINGS, chat, routed, sim
+from tests.support.router import router_before
 
 __all__: list[str] = []
 
@@ -118,3 +125,91 @@ async def test_a_kv_aware_line_carries_the_predicted_cached_tokens(
             receipts.append(int(headers["x-headcount-cached-tokens"]))
     logged = [r.__dict__["cached_tokens"] for r in access_records(caplog)]
     assert logged == receipts and logged[1] > 0
+
+
+# -- what every line names -----------------------------------------------------------------------
+
+
+async def test_every_non_2xx_is_logged_at_any_rate_with_the_model_asked_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "headcount.access")
+    settings = dataclasses.replace(SETTINGS, access_log_sample=0.0001)
+    async with routed(sim("a"), settings=settings) as setup:
+        for _ in range(2):
+            assert (await setup.post(CHAT, {"model": "nope", "messages": []}))[0] == 404
+        assert (await setup.post(CHAT, "not an object"))[0] == 400
+    assert [(r.__dict__["status"], r.__dict__["model"]) for r in access_records(caplog)] == [
+        (404, "nope"),
+        (404, "nope"),
+        (400, "unknown"),
+    ]
+
+
+async def test_a_failover_line_names_every_engine_tried_with_its_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "headcount.access")
+    async with routed(sim("a", fail_mode="http-500"), sim("b"), settings=EVERY) as setup:
+        failing, answering = setup.engine_ids
+        for _ in range(2):
+            assert (await setup.post(CHAT, chat()))[0] == 200
+    tried = {(r.__dict__["tried"], r.__dict__["engine"]) for r in access_records(caplog)}
+    assert (f"{failing}:500", answering) in tried
+    assert tried <= {(f"{failing}:500", answering), (None, answering)}
+
+
+async def test_the_http_layers_refusals_carry_a_request_id_and_get_a_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "headcount.access")
+    settings = dataclasses.replace(SETTINGS, max_body_size=1000, access_log_sample=0.0001)
+    async with routed(sim("a"), settings=settings) as setup:
+        too_large = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-id: big-1\r\n"
+            b"content-type: application/json\r\ncontent-length: 5000\r\n\r\n"
+        )
+        head, body = await raw_exchange(setup.port, too_large)
+        assert head.startswith(b"HTTP/1.1 413 ") and b"\r\nx-request-id: big-1\r\n" in head
+        message = json.loads(body)["error"]["message"]
+        assert "over 1000 bytes" in message and "--max-body-size" in message
+        head, _ = await raw_exchange(setup.port, b"NOT HTTP AT ALL\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ") and b"\r\nx-request-id: " in head
+    (large, malformed) = [r.__dict__ for r in access_records(caplog)]
+    assert (large["request_id"], large["status"], large["path"]) == ("big-1", 413, CHAT)
+    assert (malformed["status"], malformed["method"], malformed["path"]) == (400, "-", "-")
+
+
+async def raw_exchange(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """Send raw bytes, read the answer until the router closes: its head and its body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        answer = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head + b"\r\n", body
+
+
+async def test_a_line_names_the_tenant_and_the_tokens_flow_control_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "headcount.access")
+    tenants = '[[tenant]]\nname = "metered"\nkeys = ["sk-metered"]\ntokens_per_minute = 100000\n'
+    async with (
+        running_engine(EngineSimConfig()) as engine,
+        router_before(
+            [engine.url], tmp_path, client_keys=None, tenants=tenants, access_log_sample=1.0
+        ) as running,
+    ):
+        await wait_until(lambda: running.router.fleet.snapshot.routable, timeout=10)
+        key = {"Authorization": "Bearer sk-metered"}
+        for stream in (False, True):
+            body = {**chat(stream=stream), "max_tokens": 3}
+            assert (await running.post(CHAT, body, key))[0] == 200
+    lines = [r.__dict__ for r in access_records(caplog)]
+    assert [line["tenant"] for line in lines] == ["metered", "metered"]
+    assert [line["completion_tokens"] for line in lines] == [3, 3]
+    assert all(line["prompt_tokens"] > 0 for line in lines)
+    assert "tenant=metered" in access_records(caplog)[0].getMessage()

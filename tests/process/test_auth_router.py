@@ -493,6 +493,8 @@ async def test_the_admin_port_serves_admin_endpoints_and_the_api_port_only_the_a
             assert all(secret not in text for secret in SECRETS)
             status, text, _ = await running.get(path, CLIENT_KEY)
             assert status == 404, (path, text)
+            admin_port = running.admin_url.rsplit(":", 1)[1]
+            assert f"the admin endpoints are on --admin-port {admin_port}" in text, text
         status, text, _ = await running.get("/v1/models", admin=True)
         assert status == 404
         async with running.session.post(

@@ -109,6 +109,10 @@ def test_an_unknown_log_level_lists_the_levels_without_a_traceback() -> None:
         (["serve", "--backends", "http://127.0.0.1:1", "--max-failovers", "-1"], "--max-failovers"),
         (["sim-engine", "--max-running", "0"], "--max-running must be at least 1"),
         (["sim-apiserver", "--bookmark-interval", "0"], "--bookmark-interval must be positive"),
+        (
+            ["serve", "--discovery", "k8s-pods", "--label-selector", "app in (a"],
+            "--label-selector 'app in (a': unable to parse requirement: expected ')'",
+        ),
     ],
 )
 def test_a_setting_that_cannot_be_used_is_one_line_naming_its_flag(

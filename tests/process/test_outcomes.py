@@ -4,7 +4,8 @@ A whole router (`tests.support.router.router_before`, no client keys) answers
 an unknown path with the router's OpenAI error shape and an `x-request-id`, and
 a wrong method on a known path with 405 and `Allow`. Through the proxy of
 `tests.support.routed.routed`, `headcount_requests_total` records a stream cut
-after its 200 as `200`/`cut`, an engine's whole 5xx as `error`.
+after its 200 as `200`/`cut`, an engine's whole 5xx as `error`, and `/engines`
+counts the 5xx answers of an engine with no other to fail over to.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from headcount.config import OutlierSettings
 from headcount.surfaces.metrics import OUTCOMES
 from tests.support.routed import CHAT, MODEL, chat, routed, sim
 from tests.support.router import router_before
@@ -88,3 +90,14 @@ async def test_an_engines_whole_5xx_counts_as_error() -> None:
         status, _, _ = await setup.post(CHAT, chat())
         assert status == 500
         assert setup.sample("headcount_requests_total", model=MODEL, code="500", outcome="error")
+
+
+async def test_an_engine_ejected_for_its_5xx_answers_counts_them_as_failures() -> None:
+    """What `/engines` shows as `failures`: one engine, so no answer can be failed over."""
+    async with routed(sim("a", fail_mode="http-500"), outliers=OutlierSettings()) as setup:
+        for _ in range(5):
+            status, _, _ = await setup.post(CHAT, chat())
+            assert status == 500
+        (engine,) = setup.fleet.snapshot.engines
+    assert engine.ejection.count == 1
+    assert setup.loads() == [(0, 5, 5)]

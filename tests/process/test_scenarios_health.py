@@ -50,6 +50,7 @@ from headcount.sim.cluster import (
     sim_cluster,
 )
 from headcount.sim.loopback import free_port
+from headcount.surfaces.health_watch import EVERY
 from tests.support import wait_until
 
 __all__: list[str] = []
@@ -108,6 +109,76 @@ async def has_status(router: RouterProcess, wanted: str) -> bool:
 # ------------------------------------------------------------------ stale discovery
 
 
+async def test_an_unreachable_api_server_is_a_reason_at_once_and_status_changes_are_logged(
+    tmp_path: Path,
+) -> None:
+    stale_after = 6.0  # room for the reason to show while the status is still ok
+    timings = replace(TIMINGS, discovery_stale_after=stale_after)
+    async with (
+        one_pod_cluster(tmp_path) as cluster,
+        RouterProcess(cluster.router_flags(timings)) as router,
+    ):
+        await wait_until(lambda: has_status(router, "ok"), timeout=10, what="synced and probed")
+        await cluster.api.refuse()
+
+        async def unreachable_said() -> bool:
+            body = await router.client.health()
+            said = any(
+                reason.startswith("API server unreachable since ")
+                and reason.endswith("; routing on the last known fleet")
+                for reason in body["reasons"]
+            )
+            assert not said or body["status"] == "ok", "the status policy stays as it was"
+            return said
+
+        await wait_until(unreachable_said, timeout=stale_after, what="the cause in reasons")
+        await wait_until(
+            lambda: "/health degraded (was ok)" in router.log_path.read_text(),
+            timeout=stale_after + 2 * EVERY + 5,
+            what="the change to degraded logged",
+        )
+        log = router.log_path.read_text().split("/health degraded (was ok)")[1].splitlines()[0]
+        assert log.startswith(": API server unreachable since ")
+        assert log.endswith("; routing on the last known fleet; discovery stale: k8s-pods")
+        await cluster.api.restore()
+        await wait_until(
+            lambda: "/health ok (was degraded)" in router.log_path.read_text(),
+            timeout=10,
+            what="the way back logged",
+        )
+
+
+async def test_a_503_for_an_empty_fleet_says_why_as_health_does(tmp_path: Path) -> None:
+    async with one_pod_cluster(tmp_path) as cluster:
+        await cluster.api.refuse()
+        async with RouterProcess(k8s_router(cluster)) as router:
+
+            async def says(why: str) -> bool:
+                status, body = await router.client.chat(MODEL)
+                assert status == 503, body
+                return bool(body["error"]["message"].endswith(why))
+
+            await wait_until(
+                lambda: says(": first sync not done: API server unreachable"),
+                timeout=2 * EVERY + 5,
+                what="the 503 says the API server is unreachable",
+            )
+            logged = [
+                line
+                for line in router.log_path.read_text().splitlines()
+                if "headcount.access" in line and "status=503" in line
+            ]
+            assert logged and all(f"model={MODEL} " in line for line in logged), logged
+        await cluster.api.restore()
+        typo = replace(k8s_router(cluster), label_selector="app=vlm")
+        async with RouterProcess(typo) as router:
+            await wait_until(
+                lambda: says(": no pods match selector app=vlm in namespace default"),
+                timeout=2 * EVERY + 5,
+                what="the 503 names the selector that matches nothing",
+            )
+
+
 async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
     tmp_path: Path,
 ) -> None:
@@ -161,7 +232,9 @@ async def test_blind_router_turns_degraded_in_bound_stays_live_and_recovers(
         assert await strict.client.status_of("/readyz/synced") == 200
         for each in (router, strict):
             body = await each.client.health()
-            assert body["reasons"] == ["discovery stale: k8s-pods"], "said once, even when strict"
+            stale, unreachable = sorted(body["reasons"], key=lambda r: r.startswith("API"))
+            assert stale == "discovery stale: k8s-pods", "said once, even when strict"
+            assert unreachable.startswith("API server unreachable since ")
             assert body["sources"][0]["last_error"]
 
         await api.restore()
@@ -183,11 +256,11 @@ async def test_health_is_unavailable_until_the_first_sync(tmp_path: Path) -> Non
                     assert response.status == 503
                     body = await response.json()
             assert body["status"] == "unavailable"
-            assert "first sync not done: k8s-pods" in body["reasons"]
+            assert "first sync not done: k8s-pods (API server unreachable)" in body["reasons"]
             assert await client.status_of("/readyz") == 503
             assert await client.get("/readyz?verbose") == (
                 503,
-                "[-]synced failed: first sync not done: k8s-pods\n"
+                "[-]synced failed: first sync not done: k8s-pods (API server unreachable)\n"
                 "[+]shutdown ok\n"
                 "readyz check failed\n",
             )

@@ -94,6 +94,7 @@ async def router_before(
     tenants: str | None = None,
     flow: FlowSettings | None = None,
     probe_interval: float = 0.1,
+    access_log_sample: float = ProxySettings.access_log_sample,
 ) -> AsyncIterator[Running]:
     """`tenants`: the text of a tenants file, None for none; `flow`: flow control's settings."""
     keys_file, engine_key_file = tmp_path / "client-keys", tmp_path / "engine-key"
@@ -108,7 +109,7 @@ async def router_before(
     settings = Settings(
         server=ServerSettings(host=HOST, port=port, admin_port=admin_port if admin else None),
         discovery=DiscoverySettings(backends=tuple(backends)),
-        proxy=ProxySettings(routing=routing),
+        proxy=ProxySettings(routing=routing, access_log_sample=access_log_sample),
         probe=ProbeSettings(interval=probe_interval, timeout=2.0),
         health=HealthSettings(drain_delay=0.0, drain_timeout=drain_timeout),
         auth=AuthSettings(

@@ -79,5 +79,8 @@ def test_the_text_is_logfmt_and_client_text_cannot_forge_a_field() -> None:
     assert text.startswith("request_id=r-1 method=POST path=/v1/chat/completions ")
     assert 'model="m\\" status=500\\nx" engine=e status=200 outcome=ok' in text
     assert "ttfb_ms=12.3 duration_ms=500.0 bytes_in=10 bytes_out=20 failovers=0" in text
-    assert text.endswith("cut=false cached_tokens=7 resumed_from=-")
+    assert text.endswith(
+        "cut=false cached_tokens=7 resumed_from=- tried=- tenant=- prompt_tokens=- "
+        "completion_tokens=-"
+    )
     assert "\n" not in text

@@ -125,6 +125,17 @@ def test_an_empty_fleet_is_503_not_404() -> None:
     assert "the fleet is empty" in decision.answer.body.decode()
 
 
+def test_an_empty_fleet_is_503_saying_why_as_health_judged_it() -> None:
+    fleet = fleet_of()
+    fleet.unroutable_reason = "first sync not done: API server unreachable"
+    decision = admit(request(chat("m")), fleet, RoundRobin())
+    assert isinstance(decision, Refused)
+    assert json.loads(decision.answer.body)["error"]["message"] == (
+        "no engine available for model `m`: first sync not done: API server unreachable"
+    )
+    assert (decision.label, decision.model) == (UNKNOWN_MODEL, "m")
+
+
 def test_a_known_model_with_no_routable_engine_is_503_naming_the_states() -> None:
     unhealthy = fleet_of(
         engine("a", "m", state=EngineState.UNHEALTHY),

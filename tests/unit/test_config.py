@@ -359,3 +359,14 @@ def test_flow_flags_say_their_default_and_unit() -> None:
     ):
         help_text = text.split(f"{flag} ", 2)[-1].split(" --")[0]
         assert default in help_text, (flag, help_text)
+
+
+@pytest.mark.parametrize("selector", ["app in (a", "app in ()", "app=a b", "=vllm", "app>x"])
+def test_a_label_selector_the_api_server_would_refuse_is_a_bad_flag(selector: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--label-selector '.*': unable to parse requirement"):
+        DiscoverySettings(label_selector=selector)
+
+
+@pytest.mark.parametrize("selector", ["", "app=", "app in (a,b),!tier", "m notin (x), app==v"])
+def test_a_label_selector_the_api_server_accepts_is_accepted(selector: str) -> None:
+    assert DiscoverySettings(label_selector=selector).label_selector == selector

@@ -130,3 +130,39 @@ def test_rendered_checks_follow_the_kubernetes_format() -> None:
     assert render_checks("livez", report.live, verbose=False) == (200, "ok\n")
     status, text = render_checks("livez", report.live, verbose=True)
     assert text.endswith("livez check passed\n")
+
+
+def test_an_unreachable_api_server_is_a_reason_at_once_while_the_status_stays() -> None:
+    source = synced_source(100.0)
+    source.last_error = "Cannot connect to host 127.0.0.1:6443"
+    source.api_unreachable = True
+    source.failing_since = 1_700_000_000.0  # 22:13:20 UTC
+    report = judge(source, now=101.0)
+    assert report.status is Status.OK
+    assert report.body["reasons"] == [
+        "API server unreachable since 22:13:20 UTC; routing on the last known fleet"
+    ]
+
+
+def test_an_api_server_that_answers_errors_is_a_reason_with_the_error() -> None:
+    source = synced_source(100.0)
+    source.last_error = "HTTP 403: forbidden"
+    source.failing_since = 1_700_000_000.0
+    (reason,) = judge(source, now=101.0).body["reasons"]
+    assert reason.startswith("discovery failing (HTTP 403: forbidden) since 22:13:20 UTC")
+
+
+def test_first_sync_not_done_says_what_the_attempts_found() -> None:
+    source = SourceStatus(name="pods", kind="k8s-pods", last_error="Cannot connect")
+    source.api_unreachable = True
+    source.failing_since = 1.0
+    report = judge(source, now=2.0, snapshot=Snapshot((), 0))
+    assert "first sync not done: pods (API server unreachable)" in report.body["reasons"]
+    assert report.no_engine == "first sync not done: API server unreachable"
+    assert (
+        "no routable engine: first sync not done: API server unreachable" in report.body["reasons"]
+    )
+
+
+def test_the_reason_no_engine_is_routable_is_empty_when_one_is() -> None:
+    assert judge(synced_source(100.0), now=101.0).no_engine == ""

@@ -12,7 +12,6 @@ __all__ = [
     "BAD_HOST",
     "BAD_REQUEST",
     "BAD_VERSION",
-    "BODY_TOO_LARGE",
     "CONTINUE",
     "EXPECTATION_FAILED",
     "HEADERS_TOO_LARGE",
@@ -20,6 +19,9 @@ __all__ = [
     "REQUEST_TIMEOUT",
     "TOO_MANY_CONNECTIONS",
     "VERSION_NOT_SUPPORTED",
+    "body_too_large",
+    "status_of",
+    "with_header",
 ]
 
 
@@ -49,7 +51,25 @@ VERSION_NOT_SUPPORTED = _answer(
 HEADERS_TOO_LARGE = _answer(
     431, "request header fields too large", "request_header_fields_too_large"
 )
-BODY_TOO_LARGE = _answer(413, "request body too large", "request_too_large")
+
+
+def body_too_large(limit: int) -> bytes:
+    """413, naming the limit and the flag that sets it (built when a body is refused)."""
+    message = f"request body too large: over {limit} bytes, the router's --max-body-size"
+    return _answer(413, message, "request_too_large")
+
+
+def status_of(answer: bytes) -> int:
+    """The status code of a whole response (`HTTP/1.1 413 ...`)."""
+    return int(answer[9:12])
+
+
+def with_header(answer: bytes, line: bytes) -> bytes:
+    """`answer` with one more header line (`name: value\r\n`) after its status line."""
+    end = answer.index(b"\r\n") + 2
+    return answer[:end] + line + answer[end:]
+
+
 CHUNKS_TOO_SMALL = _answer(
     400,
     "request body over 16 KiB sent in chunks too small (a mean under 64 bytes)",

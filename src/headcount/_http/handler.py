@@ -7,7 +7,9 @@ The server hands each whole `Request` to a `RequestHandler` with a `Responder`
 A server may be given a `HeadScreen` too: it sees each request once its head is
 whole, before any of its body is read or counted against the body budget, and
 says which requests are answered from their head alone (no key, a path that
-takes no body): their body is never read or held.
+takes no body): their body is never read or held. And a `Rejected` hook hears of
+each answer the server gives by itself (400, 408, 413, 431, 505...), and may
+add to it (the proxy's `x-request-id`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["ExchangeListener", "HeadScreen", "Request", "RequestHandler", "Responder"]
+__all__ = [
+    "ExchangeListener",
+    "HeadScreen",
+    "Rejected",
+    "Request",
+    "RequestHandler",
+    "Responder",
+]
 
 
 class Request:
@@ -117,3 +126,8 @@ body is wanted, so the connection's handler gets the request once it is whole; e
 handler that answers it from its head alone. The body of such a request is never read or
 held: when it has one, the answer says `connection: close` and the connection closes
 after it (what follows the head is never parsed as a request)."""
+
+Rejected = Callable[[bytes, Request | None], bytes]
+"""Called once per answer the server gives by itself (a whole response, `connection: close`),
+with the request when its head was read (else None): returns the response to send, which
+may carry more header lines (`answers.with_header`)."""

@@ -64,8 +64,9 @@ class LocalResponse:
         return cls(status, json.dumps(payload).encode())
 
 
-def not_found(path: str) -> LocalResponse:
-    return LocalResponse(404, not_found_body(path))
+def not_found(path: str, hint: str = "") -> LocalResponse:
+    """404 for `path`; `hint` says where it is served, if elsewhere."""
+    return LocalResponse(404, not_found_body(path, hint))
 
 
 def method_not_allowed(method: str, path: str, allow: str) -> LocalResponse:

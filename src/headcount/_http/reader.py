@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 from abc import abstractmethod
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -46,7 +45,7 @@ import httptools
 from headcount._http import answers
 from headcount._http.body import JOIN_OFF_LOOP, BodyPieces
 from headcount._http.connections import ConnectionRegistry
-from headcount._http.handler import HeadScreen, Request, RequestHandler
+from headcount._http.handler import HeadScreen, Rejected, Request, RequestHandler
 from headcount._http.head import Head, HeadReader
 from headcount._http.phase import (
     BODY,
@@ -212,7 +211,7 @@ class RequestReader(HeadReader[_Message]):
         limits: ServerLimits,
         registry: ConnectionRegistry,
         loop: asyncio.AbstractEventLoop,
-        on_rejected: Callable[[int], None] | None,
+        on_rejected: Rejected | None,
         screen: HeadScreen | None,
     ) -> None:
         super().__init__(_Message(), limits.max_header_size, _NOTED)
@@ -403,7 +402,7 @@ class RequestReader(HeadReader[_Message]):
             if answer is not None:
                 self._answer_from_head(request, answer)
         if length and length > self._limits.max_body_size:
-            self._fail(answers.BODY_TOO_LARGE)
+            self._fail(answers.body_too_large(self._limits.max_body_size))
         if message.expect is not None and message.http11:
             if message.expect.lower() != b"100-continue":
                 self._fail(answers.EXPECTATION_FAILED)
@@ -459,7 +458,7 @@ class RequestReader(HeadReader[_Message]):
         else:
             limit = self._limits.max_body_size
             if total > limit:
-                self._fail(answers.BODY_TOO_LARGE)
+                self._fail(answers.body_too_large(self._limits.max_body_size))
             step = min(max(total - message.reserved, _RESERVE_STEP), limit - message.reserved)
         if not self._registry.bodies.take(step):
             self._fail(answers.OVERLOADED)
@@ -521,7 +520,8 @@ class RequestReader(HeadReader[_Message]):
 
     def _stop(self, response: bytes) -> None:
         """Parse nothing more: answer what came before, then `response`, then close."""
-        if response and self._on_rejected is not None:
-            self._on_rejected(int(response[9:12]))
+        rejected = self._on_rejected
+        if response and rejected is not None:
+            response = rejected(response, self._message.request)
         self._phase = STOP[self._phase]
         self._queue.append(response)

@@ -54,13 +54,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
 from contextlib import suppress
 from typing import cast
 
 from headcount._http import answers
 from headcount._http.connections import ConnectionRegistry
-from headcount._http.handler import ExchangeListener, HeadScreen, Request, RequestHandler
+from headcount._http.handler import (
+    ExchangeListener,
+    HeadScreen,
+    Rejected,
+    Request,
+    RequestHandler,
+)
 from headcount._http.phase import BODY, CONNECTION_LOST, HEAD, STOP, STOPPED
 from headcount._http.reader import Early, Joining, RequestReader, ServerLimits
 from headcount._http.wire import CHUNKED_END, INTERNAL_ERROR_BODY, JSON_HEADER, REASONS
@@ -117,10 +122,10 @@ class HttpServerProtocol(RequestReader):
         limits: ServerLimits,
         registry: ConnectionRegistry,
         loop: asyncio.AbstractEventLoop,
-        on_rejected: Callable[[int], None] | None = None,
+        on_rejected: Rejected | None = None,
         screen: HeadScreen | None = None,
     ) -> None:
-        """`on_rejected(status)` hears of each request this layer answers itself (400, 413...);
+        """`on_rejected` hears of each request this layer answers itself (400, 413...);
         `screen` sees each head before its body is read (None: every body is read)."""
         super().__init__(limits, registry, loop, on_rejected, screen)
         self._handler = handler

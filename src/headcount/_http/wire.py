@@ -63,9 +63,10 @@ INTERNAL_ERROR_BODY = error_body("internal error in the router", "internal_error
 """For a bug in the router: the client learns nothing of it but that it happened."""
 
 
-def not_found_body(path: str) -> bytes:
-    """The answer to a path nobody serves."""
-    return error_body(f"no route for {path}", "invalid_request_error", "not_found")
+def not_found_body(path: str, hint: str = "") -> bytes:
+    """The answer to a path nobody serves (here: `hint` says where it is served)."""
+    message = f"no route for {path}; {hint}" if hint else f"no route for {path}"
+    return error_body(message, "invalid_request_error", "not_found")
 
 
 def method_not_allowed_body(method: str, path: str, allow: str) -> bytes:

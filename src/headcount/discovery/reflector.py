@@ -157,6 +157,8 @@ class Reflector:
         status.wall_last_sync = self._wall_clock()
         status.resource_version = resource_version
         status.last_error = None
+        status.failing_since = None
+        status.api_unreachable = False
         self._touch()
         self._trouble.recovered()
         log = _log.info if first else _log.debug
@@ -236,8 +238,11 @@ class Reflector:
 
     async def _failed(self, exc: Exception, *, seen_down: bool) -> None:
         """Record a failed round and back off; `seen_down`: a LIST could not reach the API."""
-        message = _describe(exc)
-        self.status.last_error = message
+        message, status = _describe(exc), self.status
+        status.last_error = message
+        status.api_unreachable = isinstance(exc, ApiUnreachable)
+        if status.failing_since is None:
+            status.failing_since = self._wall_clock()
         self._touch()
         self._trouble.failed(message, unexpected=not isinstance(exc, KubeError))
         delay = self._backoff.next_delay()

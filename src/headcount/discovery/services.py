@@ -316,6 +316,9 @@ class ServiceSource:
         merged.relists = sum((part.relists for part in parts), Counter())
         errors = [f"{part.name}: {part.last_error}" for part in parts if part.last_error]
         merged.last_error = "; ".join(errors) or None
+        failing = [part.failing_since for part in parts if part.failing_since is not None]
+        merged.failing_since = min(failing, default=None)
+        merged.api_unreachable = any(part.api_unreachable for part in parts)
         merged.resource_version = ",".join(
             f"{part.name.rsplit('/', 1)[-1]}={part.resource_version}" for part in parts
         )

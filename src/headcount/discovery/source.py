@@ -68,6 +68,10 @@ class SourceStatus:
     removed_by_relist: int = 0
     """Engines a LIST removed: each is a deletion the watch missed."""
     last_error: str | None = None
+    failing_since: float | None = None
+    """Unix time of the first of the failed attempts since the last successful LIST (else None)."""
+    api_unreachable: bool = False
+    """The last failed attempt found no API server (refused, reset, timed out)."""
     resource_version: str | None = None
     wall_last_sync: float | None = None
     """Unix time of the last successful LIST or watch event (for the metric timestamp)."""

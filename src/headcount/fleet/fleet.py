@@ -158,6 +158,9 @@ class Fleet:
         self._ejection_ends: float | None = None
         """When the first active ejection ends: the snapshot is rebuilt then."""
         self._left: list[str] = []
+        self.unroutable_reason = ""
+        """Why no engine is routable, as health last judged it (`surfaces/health_watch.py`
+        sets it; `""` while one is): what the proxy's 503 for an empty fleet says."""
         """Engines that left rotation since the last publication."""
 
     @property

@@ -95,6 +95,8 @@ class Refused(NamedTuple):
     label: str
     headers: bytes = JSON_HEADER
     """The answer's header lines."""
+    model: str = ""
+    """The model asked for, for the access log (`label` may be `unknown` for metrics)."""
 
 
 class Later(NamedTuple):
@@ -162,7 +164,15 @@ class Admission:
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
         if ticket is not None and prompt is not None:
             ticket.prompt = prompt
-        return _route((model, key), self._fleet.snapshot, policy, self._kv, ticket=ticket)
+        fleet = self._fleet
+        return _route(
+            (model, key),
+            fleet.snapshot,
+            policy,
+            self._kv,
+            ticket=ticket,
+            why=fleet.unroutable_reason,
+        )
 
     def stored(self, response_id: str) -> Admitted | Refused:
         """`GET /v1/responses/{id}` and its cancel: to the engine storing the response, or the
@@ -217,7 +227,14 @@ class Admission:
             return Refused(refusal(engine, previous, stored, snapshot), model)
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
         if not isinstance(engine, Engine):
-            return _route((model, None), snapshot, self._policy, self._kv, ticket=ticket)
+            return _route(
+                (model, None),
+                snapshot,
+                self._policy,
+                self._kv,
+                ticket=ticket,
+                why=self._fleet.unroutable_reason,
+            )
         self._stored.count(FOLLOWED)
         return _select(model, None, (engine,), self._policy, self._kv, None, ticket, pinned=True)
 
@@ -234,7 +251,14 @@ class Admission:
         flow = self._flow
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, None, model)
         return await _decided(
-            _route((model, None), self._fleet.snapshot, self._policy, self._kv, ticket=ticket)
+            _route(
+                (model, None),
+                self._fleet.snapshot,
+                self._policy,
+                self._kv,
+                ticket=ticket,
+                why=self._fleet.unroutable_reason,
+            )
         )
 
     async def close(self) -> None:
@@ -249,7 +273,11 @@ class Admission:
         ticket = None
         if flow is not None and not isinstance(read, str):
             ticket = ticket_of(flow, self._credentials, request, None, read[0])
-        return await _decided(_route(read, self._fleet.snapshot, policy, self._kv, ticket=ticket))
+        fleet = self._fleet
+        why = fleet.unroutable_reason
+        return await _decided(
+            _route(read, fleet.snapshot, policy, self._kv, ticket=ticket, why=why)
+        )
 
 
 _NO_HEADER: HeaderLookup = lambda _name: None  # noqa: E731
@@ -285,16 +313,17 @@ def _route(
     prompt: Sequence[int] | None = None,
     *,
     ticket: Ticket | None = None,
+    why: str = "",
 ) -> Admitted | Refused | Later:
     """The policy's decision for a body already read (`read` is `payload`'s outcome); for
     the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O; a wait only
-    for flow control (`ticket`)."""
+    for flow control (`ticket`). `why`: why no engine is routable, if none is."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
     candidates = snapshot.candidates(model)
     if not candidates:
-        return Refused(*unroutable(snapshot, model))
+        return Refused(*unroutable(snapshot, model, why), model=model)
     return _select(model, key, candidates, policy, kv, prompt, ticket)
 
 
@@ -385,7 +414,7 @@ class _Prompts:
         model: str = body["model"]
         candidates = snapshot.candidates(model)
         if not candidates:
-            return Refused(*unroutable(snapshot, model))
+            return Refused(*unroutable(snapshot, model, fleet.unroutable_reason), model=model)
         ticket = None if flow is None else ticket_of(flow, credentials, request, body, model)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
@@ -417,4 +446,7 @@ class _Prompts:
             authorization=find_header(request.headers, b"authorization"),
         )
         read = (body["model"], None)
-        return await _decided(_route(read, fleet.snapshot, self._kv, self._kv, ids, ticket=ticket))
+        why = fleet.unroutable_reason
+        return await _decided(
+            _route(read, fleet.snapshot, self._kv, self._kv, ids, ticket=ticket, why=why)
+        )

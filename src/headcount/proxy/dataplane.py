@@ -87,10 +87,11 @@ from headcount.proxy.errors import INVALID_API_KEY, MISSING_API_KEY, ErrorAnswer
 from headcount.proxy.exchange import Exchange, ExchangeContext
 from headcount.proxy.headers import find_header, forward_headers
 from headcount.proxy.paths import API_PREFIX, PROXIED, RESPONSES, passes_through
+from headcount.proxy.rejections import LayerRejections, refusal_entry
 from headcount.proxy.stalls import StallWatch
 from headcount.proxy.stored_responses import StoredResponses, response_id_of
 from headcount.routing import Policy
-from headcount.surfaces.access_log import AccessEntry, AccessLog
+from headcount.surfaces.access_log import AccessLog
 from headcount.surfaces.metrics import UNKNOWN_MODEL, Metrics, whole
 
 __all__ = ["Proxy", "start_local_server", "start_server"]
@@ -184,6 +185,7 @@ class Proxy:
             resume_limit=settings.stream_resume_limit,
             streaming=self._streaming,
         )
+        self._rejections = LayerRejections(metrics, self._context.access, self._new_request_id)
         limit = settings.connection_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._connections = ConnectionRegistry(
             limit=limit,
@@ -251,7 +253,7 @@ class Proxy:
             self.limits,
             self._connections,
             loop,
-            self.metrics.rejected,
+            self._rejections,
             self.screen,
         )
 
@@ -396,6 +398,7 @@ class Proxy:
             wire,
             request.path,
             decision.ticket,
+            request.identity,
             stored=self.stored if request.path == RESPONSES else None,
         )
         responder.attach(exchange)
@@ -430,19 +433,9 @@ class Proxy:
         duration, outcome = loop.time() - started, whole(status)
         self.metrics.request_done(refused.label, status, outcome, duration, None)
         access = self._context.access
-        if access.wants(status >= 500):
-            entry = AccessEntry(
-                request_id=request_id,
-                method=request.method,
-                path=request.path,
-                model=refused.label,
-                status=status,
-                outcome=outcome,
-                duration=duration,
-                bytes_in=len(request.body),
-                bytes_out=len(body),
-            )
-            access.write(entry)
+        if access.wants(True):  # no refusal is a 2xx
+            model = refused.model or refused.label
+            access.write(refusal_entry(request, request_id, model, status, duration, len(body)))
 
 
 async def start_server(

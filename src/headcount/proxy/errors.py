@@ -103,17 +103,20 @@ def upstream_failed(reason: str, detail: str, tried: int) -> ErrorAnswer:
     return _answer(502, message, "upstream_error", "upstream_failed")
 
 
-def unroutable(snapshot: Snapshot, model: str) -> tuple[ErrorAnswer, str]:
+def unroutable(snapshot: Snapshot, model: str, why_none: str = "") -> tuple[ErrorAnswer, str]:
     """Why no engine takes `model`, and the model label to count it under.
 
-    404 if the fleet works and nobody knows the model, else 503.
+    404 if the fleet works and nobody knows the model, else 503, saying `why_none` (health's
+    reason why no engine is routable, computed when health changes) when there is one.
     """
     if not snapshot.is_known(model):
         if snapshot.routable:
             message = f"The model `{model}` does not exist."
             return _answer(404, message, "invalid_request_error", "model_not_found"), UNKNOWN_MODEL
         total = len(snapshot.engines)
-        why = f"none of the fleet's {total} engine(s) is ready" if total else "the fleet is empty"
+        why = why_none or (
+            f"none of the fleet's {total} engine(s) is ready" if total else "the fleet is empty"
+        )
         return no_engine(f"no engine available for model `{model}`: {why}"), UNKNOWN_MODEL
     serving = [
         engine

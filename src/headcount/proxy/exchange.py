@@ -90,6 +90,7 @@ from headcount.proxy.errors import (
 )
 from headcount.proxy.headers import find_header, is_event_stream, response_headers
 from headcount.proxy.metering import TappedResponder
+from headcount.proxy.rejections import tenant_name
 from headcount.proxy.resume import LIMIT, NO_ENGINE, UNREADABLE, Kind, Seam, continuation
 from headcount.proxy.stalls import StallWatch
 from headcount.proxy.stored_responses import IdTap, StoredResponses
@@ -171,10 +172,12 @@ class Exchange:
         "_context",
         "_done",
         "_engine",
+        "_failed_on",
         "_failovers",
         "_features",
         "_gap_from",
         "_head_sent",
+        "_identity",
         "_last",
         "_loop",
         "_path",
@@ -199,6 +202,7 @@ class Exchange:
         "_transcript",
         "_tried",
         "_ttfb",
+        "_usage",
         "_waiting_in",
         "_whole",
         "_whole_size",
@@ -216,12 +220,14 @@ class Exchange:
         wire: tuple[bytes, bytes, bytes],
         path: bytes,
         ticket: Ticket | None = None,
+        identity: object = None,
         *,
         stored: StoredResponses | None = None,
     ) -> None:
         """`wire`: the request line, headers after `host` (blank line included), the body;
         `path` the request's, for the access log. `ticket`: flow control's hold, given back
-        at the end with the usage the answer reports (`metering.py`). `stored`, for a
+        at the end with the usage the answer reports (`metering.py`). `identity`: the
+        request's (its tenant, with client keys), for the access log. `stored`, for a
         Responses create: learns which engine stores the response it answers."""
         self._context = context
         self._responder = responder
@@ -260,6 +266,11 @@ class Exchange:
         self._whole: tuple[ResponseHead, list[bytes]] | None = None
         self._whole_size = 0
         self._stored = stored
+        self._identity = identity
+        self._failed_on = ""
+        """Each engine an attempt failed on, with its failure, in order (for the access log)."""
+        self._usage: tuple[int | None, int | None] | None = None
+        """The tokens a whole answer reported, when flow control read them."""
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
@@ -377,12 +388,17 @@ class Exchange:
     def _release_after(self, engine: Engine, error: UpstreamError) -> None:
         """Give the attempt's slot back after `error`: unless it is blameless, counted against
         the engine, which a connect failure also ejects."""
+        self._note_failure(engine, error.reason)
         blamed = not isinstance(error, _BLAMELESS)
         self._release(failed=blamed)
         if blamed:
             if isinstance(error, ConnectFailed):
                 self._context.fleet.eject(engine.id, f"connect failed: {error}")
             self._count_error(engine, GATEWAY_ERROR)
+
+    def _note_failure(self, engine: Engine, failure: str) -> None:
+        entry = f"{engine.spec.name}:{failure}"
+        self._failed_on = f"{self._failed_on},{entry}" if self._failed_on else entry
 
     def _count_error(self, engine: Engine, reason: str) -> None:
         if self._context.fleet.record_error(engine.id, reason):
@@ -698,6 +714,7 @@ class Exchange:
             if status < 300 and self._features.kv is not None:
                 self._features.kv.prefilled(engine)
             return False
+        self._note_failure(engine, str(status))
         gateway = status in _FAILOVER_STATUSES
         if gateway:
             self._count_error(engine, HTTP_5XX)
@@ -706,6 +723,7 @@ class Exchange:
             return False
         retry = self._next_engine()
         if retry is None:
+            load.failures += 1  # the client gets this engine's failure
             if not gateway:
                 self._count_error(engine, HTTP_5XX)  # nothing to tell it by
             return False  # the last engine's answer is the best one the client can get
@@ -769,7 +787,8 @@ class Exchange:
         if isinstance(error, UpstreamTimeout):
             self._fail(upstream_timed_out(str(error), tries))
         elif isinstance(error, Abandoned) and not context.fleet.snapshot.candidates(model):
-            self._fail(unroutable(context.fleet.snapshot, model)[0])  # 503: none left at all
+            fleet = context.fleet  # 503: none left at all
+            self._fail(unroutable(fleet.snapshot, model, fleet.unroutable_reason)[0])
         else:
             self._fail(upstream_failed(error.reason, str(error), tries))
 
@@ -838,7 +857,7 @@ class Exchange:
         context, model = self._context, self._features.model
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)
         if context.access.wants(
-            status >= 500 or outcome == CUT or self._failovers > 0 or self._resumes > 0
+            not 200 <= status < 300 or outcome == CUT or self._failovers > 0 or self._resumes > 0
         ):
             context.access.write(self._entry(status, outcome, duration))
 
@@ -848,6 +867,7 @@ class Exchange:
         if complete and ticket.forward is None:
             numbers = usage_of(body)
             if numbers is not None:
+                self._usage = numbers
                 self._ticket = None  # given back now: the end has nothing left to settle
                 ticket.done(*numbers)
             return
@@ -892,4 +912,16 @@ class Exchange:
             cut=outcome == CUT,
             cached_tokens=None if kv is None or engine is None else kv.predicted.get(engine.id, 0),
             resumed_from=self._resumed_from or None,
+            tried=self._failed_on or None,
+            tenant=tenant_name(self._identity),
+            tokens=self._tokens(),
         )
+
+    def _tokens(self) -> tuple[int | None, int | None] | None:
+        """The tokens the answer reported, as flow control read them (None: not read)."""
+        responder = self._responder
+        if isinstance(responder, TappedResponder):
+            tap = responder.tap
+            if tap.prompt_tokens is not None or tap.completion_tokens is not None:
+                return tap.prompt_tokens, tap.completion_tokens
+        return self._usage

@@ -1,22 +1,29 @@
 """The access log: one line per proxied request, sampled so a busy router can afford it.
 
-Logger `headcount.access`, at INFO. Every request that went wrong (a 5xx, a
-stream cut, a failover, a stream resumed) gets a line; of the others, one in `round(1 / sample)`
-does (`--access-log-sample`; 0 turns the log off, 1 logs every request). The
-sampling is decided first, by a countdown (no clock, no random draw), and only
-a request that is logged builds its `AccessEntry`; the text is formatted when a
-handler writes it. The fields also travel as the record's `extra`, so a JSON
-formatter emits them as keys:
+Logger `headcount.access`, at INFO. Every request that did not go well (any
+non-2xx answer, the HTTP layer's own refusals included, a stream cut, a
+failover, a stream resumed) gets a line; of the others, one in
+`round(1 / sample)` does (`--access-log-sample`; 0 turns the log off, 1 logs
+every request). The sampling is decided first, by a countdown (no clock, no
+random draw), and only a request that is logged builds its `AccessEntry`; the
+text is formatted when a handler writes it. The fields also travel as the
+record's `extra`, so a JSON formatter emits them as keys:
 
     request_id method path model engine status outcome ttfb_ms duration_ms
-    bytes_in bytes_out failovers cut cached_tokens resumed_from
+    bytes_in bytes_out failovers cut cached_tokens resumed_from tried tenant
+    prompt_tokens completion_tokens
 
-`engine` is the name of the engine that answered (or was tried last; `-` for a
+`model` is the model the request asked for (`-` before its body was read),
+`engine` the name of the engine that answered (or was tried last; `-` for a
 request no engine saw), `bytes_out` the response body bytes the client was
 sent, `cached_tokens` the route receipt's predicted cached prompt tokens
 (`kv-aware` only, else `-`), `resumed_from` the engines a resumed stream
 broke on, comma-separated, in order (outcome `resumed`, or `cut` when the
-last continuation broke too; else `-`).
+last continuation broke too; else `-`). `tried` names every engine an attempt
+failed on, in order, each with its failure (`engine-a:connect_failed,engine-b:503`;
+`-` when none failed), `tenant` the client key's tenant (with client keys),
+and the token counts are those the answer reported, when the router read them
+(flow control meters every answer; else `-`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ class AccessEntry:
         "request_id",
         "resumed_from",
         "status",
+        "tenant",
+        "tokens",
+        "tried",
         "ttfb",
     )
 
@@ -69,8 +79,11 @@ class AccessEntry:
         cut: bool = False,
         cached_tokens: int | None = None,
         resumed_from: str | None = None,
+        tried: str | None = None,
+        tenant: str | None = None,
+        tokens: tuple[int | None, int | None] | None = None,
     ) -> None:
-        """The defaults are a request no engine saw."""
+        """The defaults are a request no engine saw; `tokens`: (prompt, completion)."""
         self.request_id = request_id
         self.method = method
         self.path = path
@@ -86,6 +99,9 @@ class AccessEntry:
         self.cut = cut
         self.cached_tokens = cached_tokens
         self.resumed_from = resumed_from
+        self.tried = tried
+        self.tenant = tenant
+        self.tokens = tokens
 
     def fields(self) -> dict[str, Any]:
         """The entry as plain values (the record's `extra`): times in milliseconds."""
@@ -105,6 +121,10 @@ class AccessEntry:
             "cut": self.cut,
             "cached_tokens": self.cached_tokens,
             "resumed_from": self.resumed_from,
+            "tried": self.tried,
+            "tenant": self.tenant,
+            "prompt_tokens": None if self.tokens is None else self.tokens[0],
+            "completion_tokens": None if self.tokens is None else self.tokens[1],
         }
 
     def __str__(self) -> str:
@@ -134,8 +154,9 @@ class AccessLog:
         self._logger = logger
 
     def wants(self, failed: bool) -> bool:
-        """Whether this request gets a line: always when `failed` (and the log is on),
-        else one in N. Called once per request, before anything is built."""
+        """Whether this request gets a line: always when `failed` (a non-2xx answer, or one
+        that did not go well; and the log is on), else one in N. Called once per request,
+        before anything is built."""
         if not self._every:
             return False
         if not failed:

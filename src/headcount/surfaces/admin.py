@@ -13,7 +13,7 @@ fleet, so nothing probes or routes to them, but an operator sees them.
 
 With `--admin-port` the OpenAI API's `/v1/models` stays on the data port
 (`handle_api`) and the rest moves to the admin port (`handle_admin`); each port
-answers 404 for the other's paths.
+answers 404 for the other's paths, the data port's naming the admin port.
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ class AdminApp:
         local_problems: Callable[[], Sequence[str]] = tuple,
         clock: Callable[[], float] = time.monotonic,
         kv_views: KvViews | None = None,
+        admin_port: int | None = None,
     ) -> None:
-        """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None."""
+        """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None;
+        `admin_port`: `--admin-port`, which the data port's 404 for an admin path names."""
+        self._admin_port = admin_port
         self._fleet = fleet
         self._kv_views = kv_views
         self._metrics = metrics
@@ -139,9 +142,12 @@ class AdminApp:
 
     async def handle_api(self, request: LocalRequest) -> LocalResponse:
         """The data port's answers when the admin endpoints have a port of their own."""
-        if request.path.startswith(_API_PREFIX):
+        path = request.path
+        if path.startswith(_API_PREFIX):
             return await self.handle(request)
-        return not_found(request.path)
+        if self._route(path, request.query) is not None:
+            return not_found(path, f"the admin endpoints are on --admin-port {self._admin_port}")
+        return not_found(path)
 
     async def handle_admin(self, request: LocalRequest) -> LocalResponse:
         """The admin port's answers: everything but the OpenAI API."""

@@ -20,6 +20,7 @@ wrong namespace, a selector typo and pods that are not ready read apart.
 from __future__ import annotations
 
 import enum
+import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ _NAMED = 5
 """Engines named in the kv_index reason; the rest are counted."""
 _REASON_CHARS = 80
 """Of each engine's own reason, in the kv_index reason."""
+_NO_ENGINE = "no routable engine: "
 
 
 class Status(enum.StrEnum):
@@ -69,6 +71,8 @@ class HealthReport:
     ready: tuple[Check, ...]
     body: Mapping[str, Any]
     """The `/health` JSON document."""
+    no_engine: str = ""
+    """Why no engine is routable (`first sync not done: API server unreachable`), or `""`."""
 
     @property
     def is_live(self) -> bool:
@@ -105,8 +109,12 @@ def evaluate(
         for s in sources
         if s.can_go_stale and _age(s.last_success, now) > settings.discovery_stale_after
     ]
-    unsynced = [s.name for s in sources if not s.synced]
-    no_engine = "" if routable else explain_no_engine(sources, snapshot)
+    unsynced = [_unsynced(s) for s in sources if not s.synced]
+    troubles = [
+        _trouble(s, len(sources) > 1) for s in sources if s.synced and s.failing_since is not None
+    ]
+    why_none = "" if routable else _why_no_engine(sources, snapshot)
+    no_engine = "" if routable else _NO_ENGINE + why_none
 
     ready = [
         Check(
@@ -136,6 +144,7 @@ def evaluate(
         "reasons": list(
             dict.fromkeys(
                 [c.reason for c in (*live, *ready) if not c.ok]
+                + troubles
                 + ([f"discovery stale: {', '.join(stale)}"] if stale else [])
                 + ([no_engine] if no_engine else [])
                 + list(local_problems)
@@ -147,22 +156,50 @@ def evaluate(
     }
     if kv_check is not None:
         body[KV_INDEX_CHECK] = {"ok": kv_check.ok, "reason": kv_check.reason}
-    return HealthReport(status, live, tuple(ready), body)
+    return HealthReport(status, live, tuple(ready), body, why_none)
 
 
 def explain_no_engine(sources: Sequence[SourceStatus], snapshot: Snapshot) -> str:
     """`no routable engine: ...` and why, from what each source watches and matched."""
+    return _NO_ENGINE + _why_no_engine(sources, snapshot)
+
+
+def _why_no_engine(sources: Sequence[SourceStatus], snapshot: Snapshot) -> str:
     reasons = []
     for source in sources:
         engines = [engine for engine in snapshot.engines if engine.spec.source == source.name]
         reason = _explain_source(source, engines)
         reasons.append(reason if len(sources) == 1 else f"{source.name}: {reason}")
-    return ": ".join(["no routable engine", *(["; ".join(reasons)] if reasons else [])])
+    return "; ".join(reasons) or "no discovery source"
+
+
+def _failure(source: SourceStatus) -> str:
+    """What the source's failing attempts found, in a few words (`""` when not failing)."""
+    if source.failing_since is None:
+        return ""
+    return "API server unreachable" if source.api_unreachable else source.last_error or "failing"
+
+
+def _unsynced(source: SourceStatus) -> str:
+    """`k8s-pods`, or `k8s-pods (API server unreachable)` while its attempts fail."""
+    failure = _failure(source)
+    return f"{source.name} ({failure})" if failure else source.name
+
+
+def _trouble(source: SourceStatus, named: bool) -> str:
+    """A synced source that fails now: since when, and that the fleet is the last one seen."""
+    failure = _failure(source)
+    since = time.strftime("%H:%M:%S UTC", time.gmtime(source.failing_since or 0.0))
+    if not source.api_unreachable:
+        failure = f"discovery failing ({failure})"
+    prefix = f"{source.name}: " if named else ""
+    return f"{prefix}{failure} since {since}; routing on the last known fleet"
 
 
 def _explain_source(source: SourceStatus, engines: Sequence[Engine]) -> str:
     if not source.synced:
-        return "first sync not done"
+        failure = _failure(source)
+        return f"first sync not done: {failure}" if failure else "first sync not done"
     noun, where = _watched(source.watches)
     not_engines = source.not_engine_counts()
     matched = len(engines) + sum(not_engines.values())

@@ -1,4 +1,5 @@
-"""Label and field selectors, parsed and matched as ``k8s.io/apimachinery`` does.
+"""Label and field selectors as the API server applies them: parsed by the shared grammar
+(`headcount.selectors`), refused with a 400 as the real server does, and matched.
 
 Discovery selects its pods by label; a selector the real server would refuse
 must answer 400 here, and one it accepts must select the same objects.
@@ -6,15 +7,14 @@ must answer 400 here, and one it accepts must select the same objects.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
+from headcount.selectors import Requirement, SelectorError
+from headcount.selectors import parse_field_selector as _parse_field_terms
+from headcount.selectors import parse_label_selector as _parse_label
 from headcount.sim.apiserver.objects import JsonObject, field
 from headcount.sim.apiserver.resources import Resource
-from headcount.sim.apiserver.status import StatusError, bad_request
-from headcount.sim.apiserver.validation import valid_label_key, valid_label_value
+from headcount.sim.apiserver.status import bad_request
 
 __all__ = [
     "FieldRequirement",
@@ -23,117 +23,12 @@ __all__ = [
     "parse_label_selector",
 ]
 
-_INTEGER = re.compile(r"-?[0-9]{1,19}")
-_SELECTOR_TOKEN = re.compile(r"==|!=|=|!|,|\(|\)|<|>|[^\s!=,()<>]+")
-_SELECTOR_SYMBOLS = frozenset({"==", "!=", "=", "!", ",", "(", ")", "<", ">"})
-_UNESCAPED_COMMA = re.compile(r"(?<!\\),")
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """One term of a label selector: ``key op values``."""
-
-    key: str
-    operator: Literal["=", "!=", "in", "notin", "exists", "!", ">", "<"]
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        value = labels.get(self.key)
-        match self.operator:
-            case "exists":
-                return value is not None
-            case "!":
-                return value is None
-            case "=" | "in":
-                return value in self.values
-            case "!=" | "notin":
-                return value not in self.values
-        if value is None or not _INTEGER.fullmatch(value):
-            return False
-        bound = int(next(iter(self.values)))
-        return int(value) > bound if self.operator == ">" else int(value) < bound
-
-
-class _SelectorParser:
-    """The label selector grammar of ``k8s.io/apimachinery/pkg/labels``."""
-
-    def __init__(self, text: str) -> None:
-        self._text = text
-        self._tokens = _SELECTOR_TOKEN.findall(text)
-        self._at = 0
-
-    def parse(self) -> tuple[Requirement, ...]:
-        if not self._tokens:
-            return ()
-        requirements = [self._requirement()]
-        while self._peek() == ",":
-            self._at += 1
-            requirements.append(self._requirement())
-        if self._peek() is not None:
-            raise self._error(f"found '{self._peek()}', expected: ',' or 'end of string'")
-        return tuple(requirements)
-
-    def _peek(self) -> str | None:
-        return self._tokens[self._at] if self._at < len(self._tokens) else None
-
-    def _take(self) -> str | None:
-        token = self._peek()
-        self._at += 1
-        return token
-
-    def _error(self, message: str) -> StatusError:
-        return bad_request(f"unable to parse requirement: {message} in {self._text!r}")
-
-    def _key(self) -> str:
-        key = self._take()
-        if key is None or key in _SELECTOR_SYMBOLS or not valid_label_key(key):
-            raise self._error(f"invalid label key {key!r}")
-        return key
-
-    def _value(self) -> str:
-        if self._peek() in _SELECTOR_SYMBOLS or self._peek() is None:
-            return ""  # `a=` and `in (a,)` name the empty value
-        value = self._take() or ""
-        if not valid_label_value(value):
-            raise self._error(f"invalid label value {value!r}")
-        return value
-
-    def _requirement(self) -> Requirement:
-        if self._peek() == "!":
-            self._at += 1
-            return Requirement(self._key(), "!")
-        key = self._key()
-        operator = self._peek()
-        if operator is None or operator == ",":
-            return Requirement(key, "exists")
-        self._at += 1
-        if operator in ("=", "==", "!="):
-            return Requirement(key, "!=" if operator == "!=" else "=", frozenset({self._value()}))
-        if operator in ("in", "notin"):
-            return Requirement(key, "in" if operator == "in" else "notin", self._value_set())
-        if operator in (">", "<"):
-            bound = self._take()
-            if bound is None or not _INTEGER.fullmatch(bound):
-                raise self._error(f"for '{operator}', the value must be an integer")
-            return Requirement(key, ">" if operator == ">" else "<", frozenset({bound}))
-        raise self._error(f"found '{operator}', expected an operator")
-
-    def _value_set(self) -> frozenset[str]:
-        if self._take() != "(":
-            raise self._error("expected '(' after 'in' or 'notin'")
-        if self._peek() == ")":
-            raise self._error("for 'in', 'notin' operators, values set can't be empty")
-        values = {self._value()}
-        while self._peek() == ",":
-            self._at += 1
-            values.add(self._value())
-        if self._take() != ")":
-            raise self._error("expected ')' to close the value set")
-        return frozenset(values)
-
 
 def parse_label_selector(text: str) -> tuple[Requirement, ...]:
-    return _SelectorParser(text).parse()
+    try:
+        return _parse_label(text)
+    except SelectorError as exc:
+        raise bad_request(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -150,14 +45,13 @@ class FieldRequirement:
 
 
 def parse_field_selector(text: str, resource: Resource) -> tuple[FieldRequirement, ...]:
+    try:
+        terms = _parse_field_terms(text)
+    except SelectorError as exc:
+        raise bad_request(str(exc)) from None
     requirements = []
-    for term in _UNESCAPED_COMMA.split(text) if text else ():
-        match = re.match(r"(.*?)(!=|==|=)(.*)", term, re.DOTALL)
-        if match is None:
-            raise bad_request(f"invalid selector: '{text}'; can't understand '{term}'")
-        key, operator, value = match.groups()
-        if key not in resource.field_labels:
-            raise bad_request(f'field label not supported: "{key}"')
-        value = value.replace("\\,", ",").replace("\\=", "=").replace("\\\\", "\\")
-        requirements.append(FieldRequirement(tuple(key.split(".")), value, operator != "!="))
+    for term in terms:
+        if term.key not in resource.field_labels:
+            raise bad_request(f'field label not supported: "{term.key}"')
+        requirements.append(FieldRequirement(tuple(term.key.split(".")), term.value, term.equal))
     return tuple(requirements)

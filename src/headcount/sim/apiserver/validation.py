@@ -11,26 +11,15 @@ import re
 import uuid
 from typing import Any
 
+from headcount.selectors import valid_label_key, valid_label_value
 from headcount.sim.apiserver.objects import JsonObject
 from headcount.sim.apiserver.resources import Resource
 from headcount.sim.apiserver.status import bad_request, invalid
 
-__all__ = ["valid_label_key", "valid_label_value", "validated"]
+__all__ = ["validated"]
 
-_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-def valid_label_key(key: str) -> bool:
-    prefix, slash, name = key.rpartition("/")
-    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
-        return False
-    return len(name) <= 63 and _QUALIFIED_NAME.fullmatch(name) is not None
-
-
-def valid_label_value(value: str) -> bool:
-    return value == "" or (len(value) <= 63 and _QUALIFIED_NAME.fullmatch(value) is not None)
 
 
 def _check_string_map(resource: Resource, name: str, where: str, value: Any) -> None:
