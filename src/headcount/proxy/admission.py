@@ -164,14 +164,15 @@ class Admission:
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
         if ticket is not None and prompt is not None:
             ticket.prompt = prompt
+        return self._routed((model, key), policy, ticket)
+
+    def _routed(
+        self, read: payload.Outcome, policy: Policy, ticket: Ticket | None
+    ) -> Admitted | Refused | Later:
+        """`_route` on the fleet as it is now, quoting why none is routable if none is."""
         fleet = self._fleet
         return _route(
-            (model, key),
-            fleet.snapshot,
-            policy,
-            self._kv,
-            ticket=ticket,
-            why=fleet.unroutable_reason,
+            read, fleet.snapshot, policy, self._kv, ticket=ticket, why=fleet.unroutable_reason
         )
 
     def stored(self, response_id: str) -> Admitted | Refused:
@@ -227,14 +228,7 @@ class Admission:
             return Refused(refusal(engine, previous, stored, snapshot), model)
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
         if not isinstance(engine, Engine):
-            return _route(
-                (model, None),
-                snapshot,
-                self._policy,
-                self._kv,
-                ticket=ticket,
-                why=self._fleet.unroutable_reason,
-            )
+            return self._routed((model, None), self._policy, ticket)
         self._stored.count(FOLLOWED)
         return _select(model, None, (engine,), self._policy, self._kv, None, ticket, pinned=True)
 
@@ -250,16 +244,7 @@ class Admission:
             return await _decided(self._continuing(previous, model, request, None))
         flow = self._flow
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, None, model)
-        return await _decided(
-            _route(
-                (model, None),
-                self._fleet.snapshot,
-                self._policy,
-                self._kv,
-                ticket=ticket,
-                why=self._fleet.unroutable_reason,
-            )
-        )
+        return await _decided(self._routed((model, None), self._policy, ticket))
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -273,11 +258,7 @@ class Admission:
         ticket = None
         if flow is not None and not isinstance(read, str):
             ticket = ticket_of(flow, self._credentials, request, None, read[0])
-        fleet = self._fleet
-        why = fleet.unroutable_reason
-        return await _decided(
-            _route(read, fleet.snapshot, policy, self._kv, ticket=ticket, why=why)
-        )
+        return await _decided(self._routed(read, policy, ticket))
 
 
 _NO_HEADER: HeaderLookup = lambda _name: None  # noqa: E731
