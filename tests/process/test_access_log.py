@@ -213,3 +213,20 @@ async def test_a_line_names_the_tenant_and_the_tokens_flow_control_read(
     assert [line["completion_tokens"] for line in lines] == [3, 3]
     assert all(line["prompt_tokens"] > 0 for line in lines)
     assert "tenant=metered" in access_records(caplog)[0].getMessage()
+
+
+async def test_without_flow_control_a_line_has_the_tokens_the_answer_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "headcount.access")
+    asked = {"stream_options": {"include_usage": True}}
+    async with routed(sim("a"), settings=EVERY) as setup:
+        for body in (chat(), {**chat(stream=True), **asked}, chat(stream=True)):
+            async with setup.session.post(setup.url + CHAT, json=body) as response:
+                assert response.status == 200
+                await response.read()
+    lines = [record.__dict__ for record in access_records(caplog)]
+    reported = [(line["prompt_tokens"], line["completion_tokens"]) for line in lines]
+    assert all(p > 0 and c > 0 for p, c in reported[:2]), reported
+    assert reported[2] == (None, None), "a stream that asked no usage reported none"
+    assert f"completion_tokens={reported[0][1]}" in access_records(caplog)[0].getMessage()

@@ -45,27 +45,28 @@ def on_logger() -> logging.Logger:
 # -- sampling (pure) ----------------------------------------------------------------------------
 
 
-def test_one_request_in_n_that_went_well_gets_a_line() -> None:
+def test_one_answer_in_n_is_drawn_for_a_line() -> None:
     log = AccessLog(0.25, on_logger())
-    assert [log.wants(failed=False) for _ in range(8)] == [False, False, False, True] * 2
+    assert [log.draw() for _ in range(8)] == [False, False, False, True] * 2
 
 
-def test_every_failed_request_gets_a_line_whatever_the_rate() -> None:
+def test_every_chosen_request_gets_a_line_whatever_the_rate() -> None:
     log = AccessLog(0.001, on_logger())
-    assert all(log.wants(failed=True) for _ in range(5))
+    assert all(log.wants(chosen=True) for _ in range(5))
+    assert not log.wants(chosen=False)
 
 
 def test_rate_zero_turns_the_log_off_and_one_logs_everything() -> None:
     off, every = AccessLog(0, on_logger()), AccessLog(1, on_logger())
-    assert not any(off.wants(failed=f) for f in (True, False, False))
-    assert all(every.wants(failed=False) for _ in range(5))
+    assert not any(off.draw() for _ in range(3)) and not off.wants(chosen=True)
+    assert all(every.draw() for _ in range(5))
 
 
 def test_nothing_is_wanted_when_the_logger_is_off() -> None:
     logger = logging.getLogger("headcount.access.test-off")
     logger.setLevel(logging.WARNING)
     log = AccessLog(1, logger)
-    assert not log.wants(failed=True) and not log.wants(failed=False)
+    assert not log.wants(chosen=True)
 
 
 def test_a_rate_outside_0_to_1_is_refused() -> None:

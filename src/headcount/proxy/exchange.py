@@ -171,6 +171,7 @@ class Exchange:
         "_conn",
         "_context",
         "_done",
+        "_drawn",
         "_engine",
         "_failed_on",
         "_failovers",
@@ -270,6 +271,8 @@ class Exchange:
         self._failed_on = ""
         """Each engine an attempt failed on, with its failure, in order (for the access log)."""
         self._usage: tuple[int | None, int | None] | None = None
+        self._drawn = False
+        """Whether the access log's sampling chose this request (drawn when its head came)."""
         """The tokens a whole answer reported, when flow control read them."""
 
     def begin(self, engine: Engine) -> None:
@@ -511,9 +514,15 @@ class Exchange:
         if kv is not None and engine is not None:
             block += kv.receipt(engine)
         ticket = self._ticket
+        drawn = self._drawn = 200 <= head.status < 300 and self._context.access.draw()
         if ticket is not None:
             block += ticket.headers
             self._meter(ticket, head, body, complete)
+        elif drawn or self._failovers:  # a line will be written: read the tokens for it
+            if complete:
+                self._usage = usage_of(body)
+            else:
+                self._tap(head, drop_usage=False)
         self._responder.start(head.status, head.reason, block, head.content_length, body, complete)
 
     def _learned(self, response_id: str) -> None:
@@ -857,7 +866,11 @@ class Exchange:
         context, model = self._context, self._features.model
         context.metrics.request_done(model, status, outcome, duration, self._ttfb)
         if context.access.wants(
-            not 200 <= status < 300 or outcome == CUT or self._failovers > 0 or self._resumes > 0
+            self._drawn
+            or not 200 <= status < 300
+            or outcome == CUT
+            or self._failovers > 0
+            or self._resumes > 0
         ):
             context.access.write(self._entry(status, outcome, duration))
 
@@ -871,8 +884,11 @@ class Exchange:
                 self._ticket = None  # given back now: the end has nothing left to settle
                 ticket.done(*numbers)
             return
-        content_type = find_header(head.headers, b"content-type")
-        tap = UsageTap.for_response(content_type, drop_usage=ticket.forward is not None)
+        self._tap(head, drop_usage=ticket.forward is not None)
+
+    def _tap(self, head: ResponseHead, drop_usage: bool) -> None:
+        """Read the tokens the answer reports as it passes, in front of the client's responder."""
+        tap = UsageTap.for_response(find_header(head.headers, b"content-type"), drop_usage)
         self._responder = TappedResponder(self._responder, tap)
 
     def _settle(self, ticket: Ticket, status: int) -> None:
@@ -918,7 +934,7 @@ class Exchange:
         )
 
     def _tokens(self) -> tuple[int | None, int | None] | None:
-        """The tokens the answer reported, as flow control read them (None: not read)."""
+        """The tokens the answer reported, as read for flow control or the log (None: not read)."""
         responder = self._responder
         if isinstance(responder, TappedResponder):
             tap = responder.tap

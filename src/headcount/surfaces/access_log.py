@@ -5,7 +5,8 @@ non-2xx answer, the HTTP layer's own refusals included, a stream cut, a
 failover, a stream resumed) gets a line; of the others, one in
 `round(1 / sample)` does (`--access-log-sample`; 0 turns the log off, 1 logs
 every request). The sampling is decided first, by a countdown (no clock, no
-random draw), and only a request that is logged builds its `AccessEntry`; the
+random draw) drawn when a 2xx answer's head arrives (so that the tokens it reports
+can be read for its line), and only a request that is logged builds its `AccessEntry`; the
 text is formatted when a handler writes it. The fields also travel as the
 record's `extra`, so a JSON formatter emits them as keys:
 
@@ -22,8 +23,9 @@ broke on, comma-separated, in order (outcome `resumed`, or `cut` when the
 last continuation broke too; else `-`). `tried` names every engine an attempt
 failed on, in order, each with its failure (`engine-a:connect_failed,engine-b:503`;
 `-` when none failed), `tenant` the client key's tenant (with client keys),
-and the token counts are those the answer reported, when the router read them
-(flow control meters every answer; else `-`).
+and the token counts are those the answer reported (`-` when it reported none, as a
+stream that did not ask for its usage): flow control meters every answer, and without
+it the answers drawn for a line and those after a failover are read.
 """
 
 from __future__ import annotations
@@ -153,18 +155,21 @@ class AccessLog:
         self._countdown = self._every
         self._logger = logger
 
-    def wants(self, failed: bool) -> bool:
-        """Whether this request gets a line: always when `failed` (a non-2xx answer, or one
-        that did not go well; and the log is on), else one in N. Called once per request,
-        before anything is built."""
+    def draw(self) -> bool:
+        """Whether a request whose 2xx answer begins now is the one in N given a line should
+        it end well. Drawn once per such answer, when its head arrives."""
         if not self._every:
             return False
-        if not failed:
-            self._countdown -= 1
-            if self._countdown:
-                return False
-            self._countdown = self._every
-        return self._logger.isEnabledFor(logging.INFO)
+        self._countdown -= 1
+        if self._countdown:
+            return False
+        self._countdown = self._every
+        return True
+
+    def wants(self, chosen: bool) -> bool:
+        """Whether a request gets a line: when `chosen` (it did not go well, or `draw` chose
+        it) and the log is on. Called once per request, before anything is built."""
+        return chosen and self._every != 0 and self._logger.isEnabledFor(logging.INFO)
 
     def write(self, entry: AccessEntry) -> None:
         """Log `entry` (after `wants` said yes)."""
