@@ -507,6 +507,12 @@ async def test_the_admin_port_serves_admin_endpoints_and_the_api_port_only_the_a
         assert status == 200 and MODEL in text
         assert await running.chat(CLIENT_KEY) == 200
         assert engine.stats()["served"] == 1
+        host, port = running.admin_url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 400 ") and b"\r\nx-request-id: " in head, head
 
 
 async def test_the_admin_port_answers_through_the_drain(tmp_path: Path) -> None:

@@ -151,7 +151,7 @@ async def test_a_connection_over_max_connections_gets_503_and_health_says_why() 
         await wait_until(lambda: len(proxy.connections) == 2, timeout=TIMEOUT)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-        assert head.startswith(b"HTTP/1.1 503")
+        assert head.startswith(b"HTTP/1.1 503") and b"\r\nx-request-id: " in head, head
         body = await asyncio.wait_for(reader.read(), TIMEOUT)
         assert b'"too_many_connections"' in body
         refused = proxy.metrics.registry.get_sample_value(

@@ -520,8 +520,12 @@ class RequestReader(HeadReader[_Message]):
 
     def _stop(self, response: bytes) -> None:
         """Parse nothing more: answer what came before, then `response`, then close."""
-        rejected = self._on_rejected
-        if response and rejected is not None:
-            response = rejected(response, self._message.request)
+        if response:
+            response = self._refusal(response, self._message.request)
         self._phase = STOP[self._phase]
         self._queue.append(response)
+
+    def _refusal(self, response: bytes, request: Request | None) -> bytes:
+        """`response` as the `Rejected` hook sends it (counted, logged, with a request id)."""
+        rejected = self._on_rejected
+        return response if rejected is None else rejected(response, request)

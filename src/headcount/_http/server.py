@@ -156,8 +156,7 @@ class HttpServerProtocol(RequestReader):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not self._registry.admit(self):
             # Over the connection limit: say so and close; this is not a request to count.
-            self._phase = STOP[self._phase]
-            self._queue.append(answers.TOO_MANY_CONNECTIONS)
+            self._stop(answers.TOO_MANY_CONNECTIONS)
             self._dispatch_pending()
             return
         self._draining = self._registry.draining
@@ -317,7 +316,7 @@ class HttpServerProtocol(RequestReader):
                     if joined.cancelled() or joined.exception() is not None:
                         # Out of memory, most likely: say so and close.
                         self._phase = STOP[self._phase]
-                        self._linger(transport, answers.OVERLOADED)
+                        self._linger(transport, self._refusal(answers.OVERLOADED, item.request))
                         return
                     item.request.body = joined.result()
                     self._dispatch(item.request, self._handler)

@@ -270,7 +270,9 @@ class Proxy:
         def screen(_request: Request) -> RequestHandler:
             return handle
 
-        return HttpServerProtocol(handle, self.limits, self._local_connections, loop, screen=screen)
+        return HttpServerProtocol(
+            handle, self.limits, self._local_connections, loop, self._rejections, screen
+        )
 
     def _attach_server(self, server: ClientListener) -> None:
         self._servers.append(server)

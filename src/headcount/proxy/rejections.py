@@ -1,7 +1,8 @@
-"""The HTTP layer's own refusals (400, 408, 413, 431, 505...) as the proxy answers for them.
+"""The HTTP layer's own refusals (400, 408, 413, 431, 505, and 503 for a connection over
+`--max-connections` or a body that could not be held) as the proxy answers for them.
 
 The server answers these by itself, before any handler sees the request; this
-is its `Rejected` hook on the data port: each refusal is counted (model
+is its `Rejected` hook on the data and admin ports: each refusal is counted (model
 `unknown`), carries an `x-request-id` like every other answer (the client's,
 when its head was read and had one, else a new one) and gets an access-log
 line. None of it runs for a request the server reads whole.
