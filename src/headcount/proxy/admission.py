@@ -12,7 +12,7 @@ through `Policy.key_source`, its affinity key) is read by `payload.py`: on the
 loop for a body up to `inline_parse_max`, else in a worker process
 (`parsepool.py`, a `Later`), so that no body stalls the loop; the body itself
 is forwarded byte for byte. The policy then picks among
-`snapshot.candidates(model)`, a pure decision (`_route`). Two paths say more
+`fleet.snapshot.candidates(model)`, a decision with no I/O (`_route`). Two paths say more
 than `model` and are read here first (`_admit_read_here`): an audio upload's
 `model` is a form field (`multipart.py`), and a Responses create naming a
 `previous_response_id` goes to the engine storing that response alone
@@ -38,7 +38,7 @@ from headcount._http.pool import Upstreams
 from headcount._http.wire import JSON_HEADER, error_body
 from headcount.auth import Credentials
 from headcount.config import ProxySettings
-from headcount.fleet import Engine, Fleet, Snapshot
+from headcount.fleet import Engine, Fleet
 from headcount.flow.control import FlowControl
 from headcount.flow.ticket import Decision, Refusal, Ticket
 from headcount.proxy import multipart, payload
@@ -164,16 +164,7 @@ class Admission:
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
         if ticket is not None and prompt is not None:
             ticket.prompt = prompt
-        return self._routed((model, key), policy, ticket)
-
-    def _routed(
-        self, read: payload.Outcome, policy: Policy, ticket: Ticket | None
-    ) -> Admitted | Refused | Later:
-        """`_route` on the fleet as it is now, quoting why none is routable if none is."""
-        fleet = self._fleet
-        return _route(
-            read, fleet.snapshot, policy, self._kv, ticket=ticket, why=fleet.unroutable_reason
-        )
+        return _route((model, key), self._fleet, policy, self._kv, ticket=ticket)
 
     def stored(self, response_id: str) -> Admitted | Refused:
         """`GET /v1/responses/{id}` and its cancel: to the engine storing the response, or the
@@ -228,7 +219,7 @@ class Admission:
             return Refused(refusal(engine, previous, stored, snapshot), model)
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
         if not isinstance(engine, Engine):
-            return self._routed((model, None), self._policy, ticket)
+            return _route((model, None), self._fleet, self._policy, self._kv, ticket=ticket)
         self._stored.count(FOLLOWED)
         return _select(model, None, (engine,), self._policy, self._kv, None, ticket, pinned=True)
 
@@ -244,7 +235,9 @@ class Admission:
             return await _decided(self._continuing(previous, model, request, None))
         flow = self._flow
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, None, model)
-        return await _decided(self._routed((model, None), self._policy, ticket))
+        return await _decided(
+            _route((model, None), self._fleet, self._policy, self._kv, ticket=ticket)
+        )
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -258,7 +251,7 @@ class Admission:
         ticket = None
         if flow is not None and not isinstance(read, str):
             ticket = ticket_of(flow, self._credentials, request, None, read[0])
-        return await _decided(self._routed(read, policy, ticket))
+        return await _decided(_route(read, self._fleet, policy, self._kv, ticket=ticket))
 
 
 _NO_HEADER: HeaderLookup = lambda _name: None  # noqa: E731
@@ -288,23 +281,23 @@ _REFUSALS = {
 
 def _route(
     read: payload.Outcome,
-    snapshot: Snapshot,
+    fleet: Fleet,
     policy: Policy,
     kv: KvAware | None = None,
     prompt: Sequence[int] | None = None,
     *,
     ticket: Ticket | None = None,
-    why: str = "",
 ) -> Admitted | Refused | Later:
     """The policy's decision for a body already read (`read` is `payload`'s outcome); for
     the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O; a wait only
-    for flow control (`ticket`). `why`: why no engine is routable, if none is."""
+    for flow control (`ticket`). A refusal says why no engine is routable, as health judged."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
+    snapshot = fleet.snapshot
     candidates = snapshot.candidates(model)
     if not candidates:
-        return Refused(*unroutable(snapshot, model, why), model=model)
+        return Refused(*unroutable(snapshot, model, fleet.unroutable_reason), model=model)
     return _select(model, key, candidates, policy, kv, prompt, ticket)
 
 
@@ -427,7 +420,4 @@ class _Prompts:
             authorization=find_header(request.headers, b"authorization"),
         )
         read = (body["model"], None)
-        why = fleet.unroutable_reason
-        return await _decided(
-            _route(read, fleet.snapshot, self._kv, self._kv, ids, ticket=ticket, why=why)
-        )
+        return await _decided(_route(read, fleet, self._kv, self._kv, ids, ticket=ticket))
