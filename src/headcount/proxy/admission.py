@@ -16,7 +16,7 @@ is forwarded byte for byte. The policy then picks among
 than `model` and are read here first (`_admit_read_here`): an audio upload's
 `model` is a form field (`multipart.py`), and a Responses create naming a
 `previous_response_id` goes to the engine storing that response alone
-(`stored_responses.py`, `RequestFeatures.pinned`), or is refused saying why
+(`stored_responses.py`, `PinnedFeatures`), or is refused saying why
 it cannot; `stored` places a stored response's `GET` and cancel the same way.
 
 For the `kv-aware` policy the features carry the prompt (`routing.kv.KvRequest`):
@@ -66,7 +66,7 @@ from headcount.proxy.stored_responses import (
     not_found,
     refusal,
 )
-from headcount.routing import HeaderLookup, Policy, RequestFeatures
+from headcount.routing import HeaderLookup, PinnedFeatures, Policy, RequestFeatures
 from headcount.routing.affinity import previous_response_key
 from headcount.routing.kv import KvAware
 from headcount.routing.kv.prompts import EngineTokenize, local_ids
@@ -178,7 +178,7 @@ class Admission:
             self._stored.count(engine)
             return Refused(refusal(engine, response_id, stored, snapshot), stored.model)
         self._stored.count(FOLLOWED)
-        return Admitted(engine, RequestFeatures(stored.model, pinned=True))
+        return Admitted(engine, PinnedFeatures(stored.model))
 
     def _admit_read_here(self, request: Request) -> Admitted | Refused | Later:
         """The paths whose body says more than `model`: an audio upload's form, a Responses
@@ -314,9 +314,9 @@ def _select(
 ) -> Admitted | Refused | Later:
     """The policy's choice among `candidates` (not empty) for `model`; with flow control
     (`ticket`), among those with room, or later, or refused. `pinned`: only these candidates
-    can answer (`RequestFeatures.pinned`)."""
+    can answer (`PinnedFeatures`)."""
     kv_request = None if kv is None else kv.request(model, prompt)
-    features = RequestFeatures(model, key, kv_request, pinned)
+    features = (PinnedFeatures if pinned else RequestFeatures)(model, key, kv_request)
     if ticket is None:
         engine = policy.select(candidates, features)
         if engine is None:

@@ -18,7 +18,7 @@ was relayed, whole events only). A stream that is not resumed closes the
 client connection, its chunked body left unterminated (after an error event,
 when the stream was followed). The router's own exhaustion (no fd for a
 connection) is answered 503 at once and counted against no engine. A request
-only one engine can answer (`RequestFeatures.pinned`: a Responses API
+only one engine can answer (`PinnedFeatures`: a Responses API
 follow-up) is neither failed over nor resumed: any other engine would say 404.
 A Responses create's answer is read for its id (`stored_responses.IdTap`).
 
@@ -96,7 +96,7 @@ from headcount.proxy.stalls import StallWatch
 from headcount.proxy.stored_responses import IdTap, StoredResponses
 from headcount.proxy.transcript import Transcript
 from headcount.proxy.usage import UsageTap, usage_of
-from headcount.routing import Policy, RequestFeatures
+from headcount.routing import PinnedFeatures, Policy, RequestFeatures
 from headcount.surfaces.access_log import AccessEntry, AccessLog
 from headcount.surfaces.metrics import (
     CLIENT_CLOSED,
@@ -343,7 +343,7 @@ class Exchange:
     def _untried(self) -> Engine | None:
         """The policy's choice among the model's candidates not tried yet, now tried (none
         for a request only its first engine can answer)."""
-        if self._features.pinned:
+        if isinstance(self._features, PinnedFeatures):
             return None
         tried = self._tried
         candidates = self._context.fleet.snapshot.candidates(self._features.model)

@@ -20,7 +20,13 @@ from headcount.config import RoutingName
 from headcount.routing.affinity import PREFIX_CHARS, Affinity, prompt_prefix_key, session_key
 from headcount.routing.kv.policy import KvAware, KvRouting
 from headcount.routing.load import LeastLoaded, RoundRobin
-from headcount.routing.policy import HeaderLookup, KeySource, Policy, RequestFeatures
+from headcount.routing.policy import (
+    HeaderLookup,
+    KeySource,
+    PinnedFeatures,
+    Policy,
+    RequestFeatures,
+)
 
 __all__ = [
     "PREFIX_CHARS",
@@ -28,6 +34,7 @@ __all__ = [
     "HeaderLookup",
     "KeySource",
     "LeastLoaded",
+    "PinnedFeatures",
     "Policy",
     "RequestFeatures",
     "RoundRobin",

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from headcount.fleet import Engine
 from headcount.routing.kv.request import KvRequest
 
-__all__ = ["HeaderLookup", "KeySource", "Policy", "RequestFeatures"]
+__all__ = ["HeaderLookup", "KeySource", "PinnedFeatures", "Policy", "RequestFeatures"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +28,13 @@ class RequestFeatures:
     """The affinity key, extracted only for a policy with a `key_source`."""
     kv: KvRequest | None = None
     """The prompt and its cache predictions, only for the `kv-aware` policy."""
-    pinned: bool = False
-    """Only the engine chosen first can answer (it stores the state the request continues):
-    no failover, no resume elsewhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedFeatures(RequestFeatures):
+    """A request only the engine chosen first can answer (it stores the state the request
+    continues): no failover, no resume elsewhere. A kind, not a field, so that the common
+    request builds no more than it did."""
 
 
 HeaderLookup = Callable[[bytes], bytes | None]
