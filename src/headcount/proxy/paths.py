@@ -11,6 +11,7 @@ response (`stored_responses.py`).
 
 from __future__ import annotations
 
+from headcount.flow.ticket import NO_COMPLETION_PATHS
 from headcount.proxy.stored_responses import response_id_of
 
 __all__ = ["API_PREFIX", "FORM_PATHS", "PROXIED", "RESPONSES", "passes_through"]
@@ -18,23 +19,10 @@ __all__ = ["API_PREFIX", "FORM_PATHS", "PROXIED", "RESPONSES", "passes_through"]
 RESPONSES = b"/v1/responses"
 FORM_PATHS = frozenset({b"/v1/audio/transcriptions", b"/v1/audio/translations"})
 PROXIED = frozenset(
-    {
-        b"/v1/chat/completions",
-        b"/v1/completions",
-        b"/v1/embeddings",
-        RESPONSES,
-        b"/v1/rerank",
-        b"/rerank",
-        b"/v2/rerank",
-        b"/v1/score",
-        b"/score",
-        b"/classify",
-        b"/pooling",
-        b"/tokenize",
-        b"/detokenize",
-        *FORM_PATHS,
-    }
+    {b"/v1/chat/completions", b"/v1/completions", RESPONSES, *NO_COMPLETION_PATHS, *FORM_PATHS}
 )
+"""The generating endpoints, those that generate nothing (flow control's
+`NO_COMPLETION_PATHS`: embeddings, pooling, tokenizer) and the audio uploads."""
 API_PREFIX = b"/v1/"
 _LOCAL_API = b"/v1/models"
 
