@@ -251,12 +251,18 @@ async def test_health_is_unavailable_until_the_first_sync(tmp_path: Path) -> Non
         await cluster.api.refuse()
         async with RouterProcess(k8s_router(cluster)) as router:
             client = router.client
-            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
-                async with session.get(router.url + "/health") as response:
-                    assert response.status == 503
-                    body = await response.json()
-            assert body["status"] == "unavailable"
-            assert "first sync not done: k8s-pods (API server unreachable)" in body["reasons"]
+            unreachable = "first sync not done: k8s-pods (API server unreachable)"
+
+            async def cause_said() -> bool:
+                # before the first LIST has failed, there is no cause to tell yet
+                async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as session:
+                    async with session.get(router.url + "/health") as response:
+                        assert response.status == 503
+                        body = await response.json()
+                assert body["status"] == "unavailable"
+                return unreachable in body["reasons"]
+
+            await wait_until(cause_said, timeout=10, what="the cause in /health's reasons")
             assert await client.status_of("/readyz") == 503
             assert await client.get("/readyz?verbose") == (
                 503,
