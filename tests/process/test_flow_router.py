@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -205,8 +205,14 @@ async def test_when_every_engine_is_full_the_higher_priority_is_served_first(
 
         first = asyncio.ensure_future(one("sk-batch", "batch-0", 10))
         await wait_until(lambda: load.in_flight == 1, timeout=5, interval=0.005)
-        batch = [asyncio.ensure_future(one("sk-batch", f"batch-{n}")) for n in (1, 2)]
-        await wait_until(lambda: flow.queued == 2, timeout=5, interval=0.005)
+
+        def queued(count: int) -> Callable[[], bool]:
+            return lambda: flow.queued == count
+
+        batch = []
+        for n in (1, 2):  # one at a time: the order they reach the router is the order queued
+            batch.append(asyncio.ensure_future(one("sk-batch", f"batch-{n}")))
+            await wait_until(queued(n), timeout=5, interval=0.005)
         chat = asyncio.ensure_future(one("sk-chat", "chat"))
         await wait_until(lambda: flow.queued == 3, timeout=5, interval=0.005)
         assert await asyncio.gather(first, chat, *batch) == [200] * 4
