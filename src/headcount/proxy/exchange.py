@@ -271,9 +271,9 @@ class Exchange:
         self._failed_on = ""
         """Each engine an attempt failed on, with its failure, in order (for the access log)."""
         self._usage: tuple[int | None, int | None] | None = None
+        """The tokens a whole answer reported, when read for flow control or the log."""
         self._drawn = False
         """Whether the access log's sampling chose this request (drawn when its head came)."""
-        """The tokens a whole answer reported, when flow control read them."""
 
     def begin(self, engine: Engine) -> None:
         self._tried.append(engine.id)
