@@ -286,18 +286,8 @@ async def test_build_k8s_source_builds_an_inference_pool_source(
 # --- the router as a real process ---------------------------------------------------------------
 
 MODEL = "sim-model"
-ROUTER_TIMINGS = Timings(
-    probe_interval=0.5,
-    backoff_initial=0.05,
-    backoff_max=0.5,
-    api_request_timeout=1,
-    api_connect_timeout=0.5,
-    watch_idle_timeout=2,
-    connect_timeout=0.3,
-    drain_delay=0,
-    drain_timeout=2,
-)
-"""Small enough for a test to see recoveries within seconds; the idle timeout is 4 bookmarks."""
+ROUTER_TIMINGS = Timings(probe_interval=0.2, drain_delay=0, backoff_initial=0.05, backoff_max=0.5)
+"""Probes and back-off short enough for a test to see recoveries within seconds."""
 
 
 async def reasons(router: RouterProcess) -> list[str]:

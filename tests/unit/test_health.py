@@ -174,7 +174,8 @@ def test_what_a_source_is_missing_is_the_reason_no_engine_is_routable() -> None:
     empty = Fleet(unhealthy_after=PROBE.unhealthy_after).snapshot
     report = judge(source, now=1.0, snapshot=empty)
     assert report.no_engine == "inference pool llama not found in namespace llm"
-    assert "no routable engine: inference pool llama not found in namespace llm" in (
-        report.body["reasons"]
+    assert (
+        "no routable engine: inference pool llama not found in namespace llm"
+        in (report.body["reasons"])
     )
     assert report.body["sources"][0]["missing"] == source.missing

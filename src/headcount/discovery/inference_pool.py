@@ -21,11 +21,11 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 from headcount.clock import Clock, Sleep
 from headcount.config import EngineScheme
 from headcount.discovery.isolation import Isolation
+from headcount.discovery.joined import Joined, Side
 from headcount.discovery.listwatch import KubeObject, ListerWatcher
 from headcount.discovery.pods import (
     apply_engines,
@@ -34,8 +34,8 @@ from headcount.discovery.pods import (
     pod_engine,
     reconcile_observed,
 )
-from headcount.discovery.reflector import Reflector, ReflectorTiming
-from headcount.discovery.source import NotAnEngine, SourceStatus, Watched, merge_statuses
+from headcount.discovery.reflector import ReflectorTiming
+from headcount.discovery.source import NotAnEngine, SourceStatus, Watched
 from headcount.fleet import EngineSpec, Fleet
 from headcount.pool_spec import PoolTarget, pool_target
 
@@ -102,52 +102,24 @@ class InferencePoolSource:
         self._isolation = Isolation(name)
         self._target: PoolTarget | None = None
         self._pods: dict[str, KubeObject] = {}
-        self._pools_listed = False
-        self._pods_listed = False
-        self._parts = (
-            SourceStatus(name=f"{name}/inferencepools", kind="inference-pool"),
-            SourceStatus(name=f"{name}/pods", kind="inference-pool"),
-        )
         self._set_target(None, f"inference pool {pool} not listed yet in namespace {namespace}")
-        common: dict[str, Any] = {
-            "timing": timing,
-            "on_status": self._merge_status,
-            "clock": clock,
-            "sleep": sleep,
-        }
-        self._reflectors = (
-            Reflector(
-                pools,
-                status=self._parts[0],
-                on_list=self._on_pools_list,
-                on_event=self._on_pool_event,
-                label_selector="",
-                **common,
+        self._joined = Joined(
+            self.status,
+            (
+                Side("inferencepools", pools, "", self._on_pools_list, self._on_pool_event),
+                Side("pods", pods, label_selector, self._on_pods_list, self._on_pod_event),
             ),
-            Reflector(
-                pods,
-                status=self._parts[1],
-                on_list=self._on_pods_list,
-                on_event=self._on_pod_event,
-                label_selector=label_selector,
-                **common,
-            ),
+            timing=timing,
+            clock=clock,
+            sleep=sleep,
         )
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for reflector in self._reflectors:
-                group.create_task(reflector.run())
-
-    @property
-    def _joined(self) -> bool:
-        """Both sides listed once: before that the pool's members are unknown."""
-        return self._pools_listed and self._pods_listed
+        await self._joined.run()
 
     def _on_pools_list(self, pools: list[KubeObject]) -> None:
         named = [pool for pool in pools if pool["metadata"].get("name") == self._pool]
         self._read_pool(named[0] if named else None)
-        self._pools_listed = True
         self._reconcile()
 
     def _on_pool_event(self, kind: str, pool: KubeObject) -> None:
@@ -163,7 +135,6 @@ class InferencePoolSource:
         self._pods = {}
         for pod in pods:
             self._isolation.apply(self._store_pod, pod)
-        self._pods_listed = True
         self._reconcile()
 
     def _on_pod_event(self, kind: str, pod: KubeObject) -> None:
@@ -173,7 +144,7 @@ class InferencePoolSource:
         else:
             self._pods[uid] = pod
         target = self._target
-        if not self._joined or target is None:
+        if not self._joined.listed or target is None:
             return
         observed = None if kind == "DELETED" else self._observe(pod, target)
         gone = deleted_reason(pod, "pod")
@@ -223,7 +194,7 @@ class InferencePoolSource:
 
     def _reconcile(self, cause: str | None = None) -> None:
         """A LIST on either side, or the pool changed: the fleet made equal to the join."""
-        if not self._joined:
+        if not self._joined.listed:
             return
         target = self._target
         observed = [] if target is None else self._observe_all(self._pods.values(), target)
@@ -238,6 +209,3 @@ class InferencePoolSource:
             for observed in (self._observe(pod, target) for pod in pods)
             if observed is not None
         ]
-
-    def _merge_status(self) -> None:
-        merge_statuses(self.status, self._parts)
