@@ -333,6 +333,12 @@ async def test_the_router_waits_for_its_pool_then_routes_to_it_and_drops_a_ghost
             assert (source["name"], source["kind"]) == ("inference-pool", "inference-pool")
             assert source["removed_by_relist"] == 1
             assert source["watches"]["resources"] == ["pods", "inferencepools"]
+            nothing = {"spec": {"selector": {"matchLabels": {"app": "none"}}}}
+            cluster.patch_inference_pool("llama", nothing)
+            unselected = "no routable engine: no pods match selector app=none in namespace llm"
+            await wait_until(
+                lambda: _contains(reasons(router), unselected), what="/health naming the selector"
+            )
             cluster.delete_inference_pool("llama")
             await wait_until(
                 lambda: _contains(reasons(router), missing), what="/health naming the pool again"
