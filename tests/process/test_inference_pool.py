@@ -355,3 +355,19 @@ async def _equals(found: Awaitable[set[str]], expected: set[str]) -> bool:
 
 async def _source_is(router: RouterProcess, key: str, value: object) -> bool:
     return bool((await router.client.health())["sources"][0][key] == value)
+
+
+async def test_a_malformed_pod_is_skipped_and_its_neighbours_kept(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    broken = make_pod("broken", labels=LLAMA, ip="10.0.0.1")
+    broken["status"]["podIP"] = "not-an-address"
+    api.apply_pod(broken)
+    api.apply_pod(make_pod("good", labels=LLAMA, ip="10.0.0.2"))
+    apply_pool(api)
+    async with discovery(api, tmp_path) as (source, fleet):
+        assert urls(fleet) == {"default/good-rank-0": "http://10.0.0.2:8000"}
+        assert source.status.not_engine_counts() == {"malformed": 1}
+        apply_pool(api, ports=(8000, 8001))
+        await wait_until(lambda: len(urls(fleet)) == 2, what="the good pod on both ports")
+        assert source.status.last_error is None

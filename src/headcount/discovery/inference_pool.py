@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from headcount.clock import Clock, Sleep
 from headcount.config import EngineScheme
@@ -181,8 +182,8 @@ class InferencePoolSource:
 
     def _observe(self, pod: KubeObject, target: PoolTarget) -> _Observed | None:
         """The pod's engines, or why it has none; None when the pool does not select it."""
-        labels = pod["metadata"].get("labels") or {}
-        if not target.selects(labels):
+        selected = self._isolation.apply(lambda each: target.selects(_labels(each)), pod)
+        if selected is False:
             return None
         engines = self._isolation.apply(
             lambda each: pool_engines(each, target, source=self.status.name, scheme=self._scheme),
@@ -196,16 +197,17 @@ class InferencePoolSource:
         """A LIST on either side, or the pool changed: the fleet made equal to the join."""
         if not self._joined.listed:
             return
+        observed: list[EngineSpec | NotAnEngine] = []
         target = self._target
-        observed = [] if target is None else self._observe_all(self._pods.values(), target)
-        flat: list[EngineSpec | NotAnEngine] = []
-        for each in observed:
-            flat.extend(each if isinstance(each, list) else [each])
-        reconcile_observed(self._fleet, self.status, flat, cause)
+        if target is not None:
+            for pod in self._pods.values():
+                each = self._observe(pod, target)
+                observed.extend(each if isinstance(each, list) else [] if each is None else [each])
+        reconcile_observed(self._fleet, self.status, observed, cause)
 
-    def _observe_all(self, pods: Iterable[KubeObject], target: PoolTarget) -> list[_Observed]:
-        return [
-            observed
-            for observed in (self._observe(pod, target) for pod in pods)
-            if observed is not None
-        ]
+
+def _labels(pod: KubeObject) -> Mapping[str, Any]:
+    labels = pod["metadata"].get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise TypeError(f"metadata.labels is a {type(labels).__name__}, not a map")
+    return labels
