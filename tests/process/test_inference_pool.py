@@ -318,6 +318,9 @@ async def test_the_router_waits_for_its_pool_then_routes_to_it_and_drops_a_ghost
             both = {"stays-rank-0", "goes-rank-0"}
             await wait_until(lambda: _equals(ready_engines(router), both), what="both ready")
             assert (await router.client.chat(MODEL))[0] == 200
+            stays = (await router.client.engines_by_name())["stays-rank-0"]
+            assert (stays["source"], stays["object"]) == ("inference-pool", "pod/llm/stays")
+            assert stays["url"] == f"http://{stays_ip}:{cluster.port}"
             await cluster.api.refuse()
             await wait_until(
                 lambda: _source_is(router, "watch_connected", False), what="the router blind"
