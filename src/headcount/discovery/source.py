@@ -26,7 +26,8 @@ class Watched:
     namespace: str | None = None
     label_selector: str | None = None
     also: tuple[str, ...] = ()
-    """Other resources read beside it (`endpointslices` for Services)."""
+    """Other resources read beside it (`endpointslices` for Services, `inferencepools` for
+    the pods of a pool)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class SourceStatus:
 
     name: str
     kind: str
-    """`static`, `k8s-pods`, `k8s-services`."""
+    """`static`, `k8s-pods`, `k8s-services`, `inference-pool`."""
     synced: bool = False
     """The first full LIST was applied to the fleet."""
     last_list_success: float | None = None
