@@ -26,7 +26,8 @@ class Watched:
     namespace: str | None = None
     label_selector: str | None = None
     also: tuple[str, ...] = ()
-    """Other resources read beside it (`endpointslices` for Services)."""
+    """Other resources read beside it (`endpointslices` for Services, `inferencepools` for
+    the pods of a pool)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class SourceStatus:
 
     name: str
     kind: str
-    """`static`, `k8s-pods`, `k8s-services`."""
+    """`static`, `k8s-pods`, `k8s-services`, `inference-pool`."""
     synced: bool = False
     """The first full LIST was applied to the fleet."""
     last_list_success: float | None = None
@@ -78,6 +79,9 @@ class SourceStatus:
     can_go_stale: bool = True
     """Whether freshness applies: False for a static list, which has nothing to go stale."""
     watches: Watched | None = None
+    missing: str | None = None
+    """What the source needs and does not find, so it can have no engine however many objects
+    it lists (`inference pool llama not found in namespace llm`); `/health` says it."""
     not_engines: dict[str, NotAnEngine] = field(default_factory=dict)
     """Matched objects that are not engines, by UID: what `/engines` lists beside the fleet."""
 
