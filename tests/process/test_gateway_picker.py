@@ -110,7 +110,9 @@ def immediate(answer: Any) -> tuple[int, dict[str, str], dict[str, Any]]:
     return response.status.code, headers, json.loads(response.body)
 
 
-@pytest.mark.parametrize("routing", ["round-robin", "least-loaded", "session", "prefix"])
+@pytest.mark.parametrize(
+    "routing", ["round-robin", "least-loaded", "session", "prefix", "kv-aware"]
+)
 @pytest.mark.parametrize("mode", [FULL_DUPLEX, BUFFERED], ids=["full-duplex", "buffered"])
 async def test_the_picked_endpoint_is_a_live_engine_for_every_policy(
     tmp_path: Path, routing: str, mode: int
