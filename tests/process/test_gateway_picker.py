@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 import trustme
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from headcount.sim.cluster import Timings, sim_cluster
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from headcount.sim.loopback import free_port
 from tests.support import wait_until
@@ -342,3 +344,91 @@ async def test_bad_picker_flags_are_one_line_and_exit_2(flags: list[str], says: 
     lines = output.decode().strip().splitlines()
     assert child.returncode == 2, output
     assert len(lines) == 1 and says in lines[0], lines
+
+
+TIMINGS = Timings(
+    probe_interval=0.5,
+    watch_idle_timeout=1,
+    api_request_timeout=1,
+    api_connect_timeout=0.5,
+    backoff_initial=0.1,
+    backoff_max=0.5,
+    discovery_stale_after=2.0,
+    discovery_dead_after=3.0,
+    drain_delay=0,
+    drain_timeout=1,
+)
+
+
+async def test_the_picker_is_not_serving_before_the_first_sync_nor_when_discovery_is_stale(
+    tmp_path: Path,
+) -> None:
+    ext_proc = "envoy.service.ext_proc.v3.ExternalProcessor"
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    cluster = sim_cluster(tmp_path, ["127.0.0.2"], bookmark_interval=0.3)
+    async with cluster as one_pod:
+        await one_pod.add_engine("engine-0", "127.0.0.2", model=MODEL)
+        await one_pod.api.refuse()
+        flags = replace(one_pod.router_flags(TIMINGS), ready_requires_fresh=True)
+        argv = [f"--host={HOST}", f"--port={free_port(HOST)}", "--ext-proc-port=0", *flags.argv()]
+        async with serve_picker(argv, tmp_path / "router.log") as process:
+
+            async def status_is(wanted: int, service: str = ext_proc) -> bool:
+                return await health_of(process, service) == wanted
+
+            assert await status_is(not_serving)
+            assert await status_is(not_serving, "readiness")
+            assert await status_is(serving, "liveness")
+            await one_pod.api.restore()
+            await wait_until(lambda: status_is(serving), timeout=10, what="SERVING once synced")
+            await one_pod.api.blackhole()
+            await wait_until(lambda: status_is(not_serving), timeout=10, what="stale: NOT_SERVING")
+            assert await status_is(serving, "liveness")
+
+
+TENANTS = """
+[[tenant]]
+name = "capped"
+keys = ["sk-capped"]
+requests_per_minute = 1
+tokens_per_minute = 100000
+"""
+
+
+async def test_flow_control_refuses_429_and_settles_the_usage_the_answer_reports(
+    tmp_path: Path,
+) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(TENANTS)
+    key = [("authorization", "Bearer sk-capped")]
+    async with (
+        engines(1) as sims,
+        picker(tmp_path, [sims[0].url], f"--tenants-file={tenants}") as (process, admin_url),
+    ):
+        picked = endpoint(sims[0])
+        call = process.call()
+        answers = await call.request(chat_body(MODEL), headers=key)
+        assert destination(answers[0])[0] == picked
+        head = await call.respond(200, picked)
+        assert not head.HasField("mode_override")  # flow control reads the usage
+        added = {
+            o.header.key: o.header.raw_value.decode()
+            for o in head.response_headers.response.header_mutation.set_headers
+        }
+        assert "x-ratelimit-remaining-requests" in added, added
+        usage = b'{"usage":{"prompt_tokens":7,"total_tokens":12,"completion_tokens":5}}'
+        await call.response_body(usage)
+        await call.close()
+        answers = await process.call().request(chat_body(MODEL), headers=key)
+        status, headers, body = immediate(answers[-1])
+        assert status == 429, body
+        assert "retry-after" in headers and "x-ratelimit-limit-requests" in headers
+        async with aiohttp.ClientSession() as session:
+            async with session.get(admin_url + "/metrics") as response:
+                text = await response.text()
+        assert 'headcount_tenant_tokens_total{kind="completion",tenant="capped"} 5.0' in text, [
+            line for line in text.splitlines() if "tenant_tokens" in line
+        ]
