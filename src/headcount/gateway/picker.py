@@ -34,6 +34,7 @@ otherwise the body still comes and is echoed).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +49,7 @@ from headcount.gateway.hold import Hold
 from headcount.proxy import Proxy
 from headcount.proxy.admission import Admitted, Later, Refused
 from headcount.proxy.dataplane import key_refusal
-from headcount.proxy.errors import ErrorAnswer
+from headcount.proxy.errors import INTERNAL_ERROR, ErrorAnswer
 from headcount.proxy.headers import find_header
 from headcount.proxy.paths import PROXIED, RESPONSES, passes_through
 from headcount.proxy.rejections import refusal_entry, tenant_name
@@ -59,6 +60,8 @@ from headcount.surfaces.access_log import AccessEntry
 from headcount.surfaces.metrics import CLIENT_CLOSED, CUT, UNKNOWN_MODEL, whole
 
 __all__ = ["Picker"]
+
+_log = logging.getLogger("headcount.gateway")
 
 _CLIENT_CLOSED_STATUS = 499
 _NOT_PICKED = ErrorAnswer(
@@ -85,7 +88,14 @@ class Picker:
                 message = await context.read()
                 if message is grpc.aio.EOF:
                     return
-                for answer in await stream.on(message):
+                try:
+                    answers = await stream.on(message)
+                except Exception:
+                    if not stream.may_refuse:
+                        raise  # the stream ends with an error; `finish` gives the hold back
+                    _log.exception("the endpoint picker failed on a request: answered 500")
+                    answers = [stream.refuse(Refused(INTERNAL_ERROR, UNKNOWN_MODEL))]
+                for answer in answers:
                     await context.write(answer)
                 if stream.closed:
                     return
@@ -174,7 +184,7 @@ class _Stream:
         self._request_id = request_id
         refused = self._screen(request)
         if refused is not None:
-            return [self._refuse(refused)]
+            return [self.refuse(refused)]
         stored = response_id_of(request.path, method)
         if stored is not None:
             return await self._decide(proxy.admission.stored(stored), headers_phase=True)
@@ -214,7 +224,7 @@ class _Stream:
                     f"request body over {limit} bytes", "invalid_request_error", "too_large"
                 ),
             )
-            return [self._refuse(Refused(answer, UNKNOWN_MODEL))]
+            return [self.refuse(Refused(answer, UNKNOWN_MODEL))]
         if not end:
             return []
         request = self._request
@@ -228,7 +238,7 @@ class _Stream:
         if isinstance(decision, Later):
             decision = await decision.decision
         if isinstance(decision, Refused):
-            return [self._refuse(decision)]
+            return [self.refuse(decision)]
         self._admit(decision)
         endpoints = self._endpoints(decision)
         request = self._request
@@ -268,7 +278,7 @@ class _Stream:
             request is not None and request.path == RESPONSES
         )
 
-    def _refuse(self, refused: Refused) -> Any:
+    def refuse(self, refused: Refused) -> Any:
         """The refusal as the gateway's immediate answer, counted and logged as the data
         plane counts and logs its own."""
         self.closed = True
@@ -291,6 +301,11 @@ class _Stream:
             )
         block = refused.headers + b"x-request-id: %s\r\n" % self._request_id
         return protocol.immediate(status, block, body, f"headcount_{status}")
+
+    @property
+    def may_refuse(self) -> bool:
+        """Whether the request can still be refused: nothing picked, nothing answered."""
+        return self._hold is None and not self._ended
 
     # -- the response -------------------------------------------------------------------------
 
