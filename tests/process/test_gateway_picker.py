@@ -139,6 +139,10 @@ async def test_the_picked_endpoint_is_a_live_engine_for_every_policy(
                 assert echoed == body  # the body passes on unchanged
             head = await call.respond(200, header)
             assert head.HasField("mode_override")  # nothing needs the response body
+            added = {
+                o.header.key for o in head.response_headers.response.header_mutation.set_headers
+            }
+            assert ("x-headcount-engine" in added) == (routing == "kv-aware")  # the receipt
             echo = await call.response_body(b'{"choices": []}')
             if mode == FULL_DUPLEX:  # Envoy ignores the override then: the body is echoed
                 streamed = echo.response_body.response.body_mutation.streamed_response

@@ -317,7 +317,7 @@ class _Stream:
             return protocol.continue_headers(request=False)
         self._ttfb = self._loop.time() - self._started
         served = protocol.served_endpoint(message.metadata_context)
-        hold.answered(self._proxy.fleet, served, status)
+        engine = hold.answered(self._proxy.fleet, served, status)
         self._drawn = 200 <= status < 300 and self._proxy.access.draw()
         ticket = admitted.ticket
         if ticket is not None:
@@ -326,6 +326,9 @@ class _Stream:
         if self._request is not None and self._request.path == RESPONSES and status == 200:
             self._ids = IdTap(_Null(), self._learned)
         block = b"" if ticket is None else ticket.headers
+        kv = admitted.features.kv
+        if kv is not None:  # the route receipt, as the data plane sends it
+            block += kv.receipt(engine)
         return protocol.response_headers(block, skip_body=not self._needs_body)
 
     def _response_body(self, body: Any) -> Sequence[Any]:
