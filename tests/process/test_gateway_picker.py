@@ -458,3 +458,17 @@ async def test_a_stored_response_is_found_on_the_engine_that_answered_its_create
             call = process.call()
             await call.send_headers("/v1/responses/resp_0123456789abcdef", method="GET", end=True)
             assert destination(await call.read()) == (creator, creator)
+
+
+async def test_a_path_not_routed_or_a_wrong_method_is_refused_as_the_data_plane_does(
+    tmp_path: Path,
+) -> None:
+    async with engines(1) as sims, picker(tmp_path, [sims[0].url]) as (process, _):
+        call = process.call()
+        await call.send_headers("/v1/chat/completions", method="GET", end=True)
+        status, headers, _ = immediate(await call.read())
+        assert (status, headers["allow"]) == (405, "POST")
+        call = process.call()
+        await call.send_headers("/metrics", method="GET", end=True)
+        status, _, body = immediate(await call.read())
+        assert status == 404, body

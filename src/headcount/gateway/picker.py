@@ -48,7 +48,7 @@ from headcount.gateway import protocol
 from headcount.gateway.hold import Hold
 from headcount.proxy import Proxy
 from headcount.proxy.admission import Admitted, Later, Refused
-from headcount.proxy.dataplane import key_refusal
+from headcount.proxy.dataplane import key_refusal, method_refusal
 from headcount.proxy.errors import INTERNAL_ERROR, ErrorAnswer
 from headcount.proxy.headers import find_header
 from headcount.proxy.paths import PROXIED, RESPONSES, passes_through
@@ -206,7 +206,7 @@ class _Stream:
             request.identity = tenant
         path, method = request.path, request.method
         if path in PROXIED or (proxy.passthrough and passes_through(path, method)):
-            return None
+            return None if method == b"POST" else method_refusal(request)
         if response_id_of(path, method):
             return None
         return Refused(_NOT_PICKED, UNKNOWN_MODEL)

@@ -94,7 +94,7 @@ from headcount.routing import Policy
 from headcount.surfaces.access_log import AccessLog
 from headcount.surfaces.metrics import UNKNOWN_MODEL, Metrics, whole
 
-__all__ = ["Proxy", "key_refusal", "start_local_server", "start_server"]
+__all__ = ["Proxy", "key_refusal", "method_refusal", "start_local_server", "start_server"]
 
 _log = logging.getLogger(__name__)
 
@@ -429,12 +429,7 @@ class Proxy:
         exchange.begin(decision.engine)
 
     def _wrong_method(self, request: Request, responder: Responder) -> None:
-        method, path = request.method.decode("latin-1"), request.path.decode("latin-1")
-        refused = Refused(
-            ErrorAnswer(405, method_not_allowed_body(method, path, "POST")),
-            UNKNOWN_MODEL,
-            _POST_ONLY_HEADERS,
-        )
+        refused = method_refusal(request)
         loop = self._loop or asyncio.get_running_loop()
         self._refuse(request, responder, refused, loop.time())
 
@@ -460,6 +455,16 @@ class Proxy:
         if access.wants(True):  # no refusal is a 2xx
             model = refused.model or refused.label
             access.write(refusal_entry(request, request_id, model, status, duration, len(body)))
+
+
+def method_refusal(request: Request) -> Refused:
+    """The 405 for a request to a proxied path that is no `POST`."""
+    method, path = request.method.decode("latin-1"), request.path.decode("latin-1")
+    return Refused(
+        ErrorAnswer(405, method_not_allowed_body(method, path, "POST")),
+        UNKNOWN_MODEL,
+        _POST_ONLY_HEADERS,
+    )
 
 
 def key_refusal(headers: list[tuple[bytes, bytes]]) -> Refused:
