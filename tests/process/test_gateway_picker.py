@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
@@ -472,3 +473,30 @@ async def test_a_path_not_routed_or_a_wrong_method_is_refused_as_the_data_plane_
         await call.send_headers("/metrics", method="GET", end=True)
         status, _, body = immediate(await call.read())
         assert status == 404, body
+
+
+async def test_on_sigterm_the_picker_says_not_serving_and_still_picks_while_draining(
+    tmp_path: Path,
+) -> None:
+    async with (
+        engines(1) as sims,
+        picker(tmp_path, [sims[0].url], "--drain-delay=3", "--drain-timeout=3") as (process, _),
+    ):
+        ext_proc = "envoy.service.ext_proc.v3.ExternalProcessor"
+        assert await health_of(process, ext_proc) == health_pb2.HealthCheckResponse.SERVING
+        held = process.call()
+        await held.request(chat_body(MODEL))  # picked before SIGTERM, answered after
+        process.process.send_signal(signal.SIGTERM)
+
+        async def not_serving() -> bool:
+            status = await health_of(process, ext_proc)
+            return status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+        await wait_until(not_serving, timeout=3, what="NOT_SERVING after SIGTERM")
+        assert await health_of(process, "liveness") == health_pb2.HealthCheckResponse.SERVING
+        answers = await process.call().request(chat_body(MODEL))  # the drain delay serves on
+        assert destination(answers[0])[0] == endpoint(sims[0])
+        await held.respond(200, endpoint(sims[0]))
+        await held.response_body(b"{}")
+        await held.close()
+        assert await asyncio.wait_for(process.process.wait(), 15) == 0
