@@ -500,3 +500,21 @@ async def test_on_sigterm_the_picker_says_not_serving_and_still_picks_while_drai
         await held.response_body(b"{}")
         await held.close()
         assert await asyncio.wait_for(process.process.wait(), 15) == 0
+
+
+@pytest.mark.parametrize("mode", [FULL_DUPLEX, BUFFERED], ids=["full-duplex", "buffered"])
+async def test_a_large_body_is_read_off_the_loop_and_passed_on_whole(
+    tmp_path: Path, mode: int
+) -> None:
+    async with engines(1) as sims, picker(tmp_path, [sims[0].url]) as (process, _):
+        body = chat_body(MODEL, "word " * 60_000)  # over --inline-parse-max: a worker reads it
+        answers = await process.call(mode).request(body, chunk=32 * 1024)
+        if mode == FULL_DUPLEX:
+            echoed = b"".join(
+                a.request_body.response.body_mutation.streamed_response.body for a in answers[1:]
+            )
+            assert echoed == body
+            assert destination(answers[0])[0] == endpoint(sims[0])
+        else:
+            assert not answers[-1].request_body.response.HasField("body_mutation")
+            assert destination(answers[-1])[0] == endpoint(sims[0])

@@ -123,8 +123,9 @@ class PickerCall:
                 )
             )
 
-    async def request(self, body: bytes, **headers: Any) -> list[Any]:
-        """Headers and body sent; the answers until the pick (or the refusal)."""
+    async def request(self, body: bytes, chunk: int = 16, **headers: Any) -> list[Any]:
+        """Headers and body (in `chunk`-byte pieces) sent; the answers until the pick (or
+        the refusal)."""
         await self.send_headers(**headers)
         answers = []
         if self.mode == BUFFERED:
@@ -132,7 +133,7 @@ class PickerCall:
             answers.append(first)
             if first.HasField("immediate_response"):
                 return answers
-        await self.send_body(body)
+        await self.send_body(body, chunk)
         while True:
             answer = await self.read()
             answers.append(answer)
