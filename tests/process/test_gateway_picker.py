@@ -518,3 +518,18 @@ async def test_a_large_body_is_read_off_the_loop_and_passed_on_whole(
         else:
             assert not answers[-1].request_body.response.HasField("body_mutation")
             assert destination(answers[-1])[0] == endpoint(sims[0])
+
+
+async def test_a_body_over_the_limit_is_the_data_planes_413(tmp_path: Path) -> None:
+    async with (
+        engines(1) as sims,
+        picker(tmp_path, [sims[0].url], "--max-body-size=1KiB") as (
+            process,
+            _,
+        ),
+    ):
+        answers = await process.call().request(chat_body(MODEL, "x" * 2048), chunk=512)
+        status, _, body = immediate(answers[-1])
+        assert status == 413
+        assert body["error"]["code"] == "request_too_large"
+        assert "--max-body-size" in body["error"]["message"]

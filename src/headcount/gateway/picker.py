@@ -40,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from headcount._http.answers import too_large_message
 from headcount._http.handler import Request
 from headcount._http.wire import error_body
 from headcount.fleet import Engine
@@ -50,6 +51,7 @@ from headcount.proxy import Proxy
 from headcount.proxy.admission import Admitted, Later, Refused
 from headcount.proxy.dataplane import key_refusal, method_refusal
 from headcount.proxy.errors import INTERNAL_ERROR, ErrorAnswer
+from headcount.proxy.exchange import CLIENT_CLOSED_STATUS
 from headcount.proxy.headers import find_header
 from headcount.proxy.paths import PROXIED, RESPONSES, passes_through
 from headcount.proxy.rejections import refusal_entry, tenant_name
@@ -63,14 +65,12 @@ __all__ = ["Picker"]
 
 _log = logging.getLogger("headcount.gateway")
 
-_CLIENT_CLOSED_STATUS = 499
 _NOT_PICKED = ErrorAnswer(
     404,
     error_body(
         "the endpoint picker routes inference requests only", "invalid_request_error", "not_found"
     ),
 )
-_JSON = b"content-type: application/json\r\n"
 
 
 class Picker:
@@ -212,17 +212,19 @@ class _Stream:
         return Refused(_NOT_PICKED, UNKNOWN_MODEL)
 
     async def _body(self, piece: bytes, end: bool) -> Sequence[Any]:
-        if self._request is None or self._admitted is not None:
+        if self._admitted is not None:  # picked from the head (a stored response's cancel)
+            if self._streamed:
+                return protocol.body_responses(piece, request=True, end=end)
+            return [protocol.continue_body(request=True)]
+        if self._request is None:
             return [protocol.continue_body(request=True)]
         self._parts.append(piece)
         self._size += len(piece)
         limit = self._proxy.limits.max_body_size
         if self._size > limit:
+            message = too_large_message(limit)
             answer = ErrorAnswer(
-                413,
-                error_body(
-                    f"request body over {limit} bytes", "invalid_request_error", "too_large"
-                ),
+                413, error_body(message, "invalid_request_error", "request_too_large")
             )
             return [self.refuse(Refused(answer, UNKNOWN_MODEL))]
         if not end:
@@ -362,7 +364,7 @@ class _Stream:
         admitted, hold = self._admitted, self._hold
         if admitted is None or hold is None:
             return  # the stream ended before anything was decided: nothing to count
-        status = self._status or _CLIENT_CLOSED_STATUS
+        status = self._status or CLIENT_CLOSED_STATUS
         if self.cancelled or not self._status:
             outcome = CLIENT_CLOSED
         elif self._needs_body and not self._body_done:
