@@ -21,6 +21,7 @@ __all__ = [
     "VERSION_NOT_SUPPORTED",
     "body_too_large",
     "status_of",
+    "too_large_message",
     "with_header",
 ]
 
@@ -55,8 +56,12 @@ HEADERS_TOO_LARGE = _answer(
 
 def body_too_large(limit: int) -> bytes:
     """413, naming the limit and the flag that sets it (built when a body is refused)."""
-    message = f"request body too large: over {limit} bytes, the router's --max-body-size"
-    return _answer(413, message, "request_too_large")
+    return _answer(413, too_large_message(limit), "request_too_large")
+
+
+def too_large_message(limit: int) -> str:
+    """What a 413 says: the limit and the flag that sets it."""
+    return f"request body too large: over {limit} bytes, the router's --max-body-size"
 
 
 def status_of(answer: bytes) -> int:
