@@ -21,6 +21,7 @@ rest from their module:
 - `apiserver`: the API server emulator seen from a client: a bare pod, a refusal.
 - `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).
 - `redis`: a real redis-server on loopback, stopped and started at will (`redis_server`).
+- `envoy`: a real Envoy from the venv on deploy/gateway/envoy.yaml, headcount its endpoint picker.
 """
 
 from __future__ import annotations
