@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from headcount.selectors import SelectorError, parse_label_selector
+from headcount.selectors import SelectorError, parse_label_selector, valid_dns_subdomain
 
 __all__ = [
     "BUILTIN_TOKENIZER",
@@ -68,6 +68,7 @@ class DiscoveryMode(enum.StrEnum):
     STATIC = "static"
     K8S_PODS = "k8s-pods"
     K8S_SERVICES = "k8s-services"
+    INFERENCE_POOL = "inference-pool"
 
 
 class EngineScheme(enum.StrEnum):
@@ -277,6 +278,9 @@ class DiscoverySettings:
     namespace: str | None = None
     """None: the pod's own namespace in-cluster, else the kubeconfig context's."""
     label_selector: str = ""
+    inference_pool: str | None = None
+    """`inference-pool` mode: the `InferencePool` (inference.networking.k8s.io/v1) whose
+    selector and target ports say which pods are engines, on which ports."""
     engine_port: int = 8000
     engine_scheme: EngineScheme = EngineScheme.HTTP
     """Kubernetes modes: plain HTTP unless the engines terminate TLS themselves (a mesh, a
@@ -303,6 +307,7 @@ class DiscoverySettings:
             raise ConfigError(
                 f"--backends only applies to --discovery static, not {self.mode.value}"
             )
+        _check_inference_pool(self.mode, self.inference_pool)
         if self.kubeconfig is not None and not self.kubeconfig.is_file():
             raise ConfigError(f"--kubeconfig {self.kubeconfig}: no such file")
         if self.watch_timeout_min > self.watch_timeout_max:
@@ -312,6 +317,20 @@ class DiscoverySettings:
         except SelectorError as exc:
             raise ConfigError(f"--label-selector {self.label_selector!r}: {exc}") from None
         _require_positive(("--watch-idle-timeout", self.watch_idle_timeout))
+
+
+def _check_inference_pool(mode: DiscoveryMode, pool: str | None) -> None:
+    """`--inference-pool` is required by `inference-pool` mode, refused by the others."""
+    if mode is not DiscoveryMode.INFERENCE_POOL:
+        if pool is not None:
+            raise ConfigError(
+                f"--inference-pool only applies to --discovery inference-pool, not {mode.value}"
+            )
+        return
+    if pool is None:
+        raise ConfigError("--discovery inference-pool needs --inference-pool NAME")
+    if not valid_dns_subdomain(pool):
+        raise ConfigError(f"--inference-pool {pool!r}: not a Kubernetes object name")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ __all__ = [
     "SelectorError",
     "parse_field_selector",
     "parse_label_selector",
+    "valid_dns_subdomain",
     "valid_label_key",
     "valid_label_value",
 ]
@@ -41,9 +42,14 @@ class SelectorError(ValueError):
     """A selector the API server would refuse; the message is the server's."""
 
 
+def valid_dns_subdomain(name: str) -> bool:
+    """A DNS subdomain (RFC 1123), as most object names and a label key's prefix must be."""
+    return len(name) <= 253 and _DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
 def valid_label_key(key: str) -> bool:
     prefix, slash, name = key.rpartition("/")
-    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+    if slash and not valid_dns_subdomain(prefix):
         return False
     return len(name) <= 63 and _QUALIFIED_NAME.fullmatch(name) is not None
 

@@ -17,12 +17,14 @@ from typing import Any
 import kubernetes
 import kubernetes_asyncio
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from headcount.sim.apiserver import (
     ApiServerSim,
     ApiServerSimConfig,
     make_endpointslice,
+    make_inference_pool,
     make_pod,
     running_apiserver,
 )
@@ -345,3 +347,139 @@ async def test_kubectl_refuses_a_misspelled_field_from_the_openapi_document(
     with pytest.raises(AssertionError, match=refused):
         await kubectl(kubeconfig, "apply", "-f", str(manifest))
     assert sim.pods() == []
+
+
+# --- InferencePools (inference.networking.k8s.io/v1, a custom resource) ------------------------
+
+POOLS = ("inference.networking.k8s.io", "v1", "default", "inferencepools")
+
+
+async def test_official_client_lists_gets_and_watches_inference_pools(
+    sim: ApiServerSim, kubeconfig: Path
+) -> None:
+    sim.apply(make_inference_pool("llama", match_labels={"app": "llama"}, ports=(8000, 8001)))
+    sim.apply(make_inference_pool("qwen", match_labels={"app": "qwen"}))
+
+    def read() -> tuple[Any, Any, Any]:
+        with official_client(kubeconfig) as api:
+            custom = kubernetes.client.CustomObjectsApi(api)
+            listed = custom.list_namespaced_custom_object(
+                *POOLS, field_selector="metadata.name=llama", _request_timeout=REQUEST_TIMEOUT
+            )
+            got = custom.get_namespaced_custom_object(
+                *POOLS[:3], "inferencepools", "qwen", _request_timeout=REQUEST_TIMEOUT
+            )
+            watch = kubernetes.watch.Watch()
+            events = []
+            for event in watch.stream(
+                custom.list_namespaced_custom_object,
+                *POOLS,
+                resource_version=listed["metadata"]["resourceVersion"],
+                allow_watch_bookmarks=True,
+                timeout_seconds=5,
+                _request_timeout=REQUEST_TIMEOUT,
+            ):
+                events.append((event["type"], event["object"]["metadata"].get("name")))
+                if event["type"] == "BOOKMARK":
+                    watch.stop()
+            return listed, got, events
+
+    reading = asyncio.ensure_future(asyncio.to_thread(read))
+    await wait_until(lambda: sim.open_watches == 1, what="the client's watch")
+    sim.patch("InferencePool", "default", "llama", {"spec": {"targetPorts": [{"number": 9000}]}})
+    listed, got, events = await asyncio.wait_for(reading, REQUEST_TIMEOUT)
+    assert listed["kind"] == "InferencePoolList"
+    assert [pool["metadata"]["name"] for pool in listed["items"]] == ["llama"]
+    assert listed["items"][0]["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]
+    assert (got["apiVersion"], got["kind"]) == ("inference.networking.k8s.io/v1", "InferencePool")
+    assert got["spec"]["selector"] == {"matchLabels": {"app": "qwen"}}
+    assert events == [("MODIFIED", "llama"), ("BOOKMARK", None)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "refused"),
+    [
+        ({"targetPorts": [{"number": 8000}]}, "spec.selector.matchLabels: Required value"),
+        ({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": []}, "1 to 8 ports"),
+        (
+            {"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 70000}]},
+            "number 70000 is not a port",
+        ),
+        (
+            {
+                "selector": {"matchLabels": {"app": "x"}},
+                "targetPorts": [{"number": n} for n in range(8000, 8009)],
+            },
+            "1 to 8 ports",
+        ),
+    ],
+)
+async def test_an_invalid_inference_pool_is_refused_with_422_as_the_crd_refuses_it(
+    kubeconfig: Path, spec: dict[str, Any], refused: str
+) -> None:
+    pool = {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "bad"},
+        "spec": spec,
+    }
+
+    def create() -> ApiException:
+        with official_client(kubeconfig) as api:
+            custom = kubernetes.client.CustomObjectsApi(api)
+            with pytest.raises(ApiException) as raised:
+                custom.create_namespaced_custom_object(
+                    *POOLS, pool, _request_timeout=REQUEST_TIMEOUT
+                )
+            return raised.value
+
+    error = await asyncio.to_thread(create)
+    assert error.status == 422
+    status = json.loads(error.body)
+    assert status["reason"] == "Invalid"
+    assert status["message"].startswith(
+        'InferencePool.inference.networking.k8s.io "bad" is invalid: '
+    )
+    assert refused in status["message"]
+
+
+POOL_MANIFEST = """\
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata:
+  name: vllm-llama
+spec:
+  selector:
+    matchLabels: {app: vllm-llama}
+  targetPorts:
+  - number: 8000
+  endpointPickerRef:
+    name: headcount
+    port: {number: 9002}
+"""
+
+
+@needs_kubectl
+async def test_kubectl_applies_and_gets_inference_pools(
+    sim: ApiServerSim, kubeconfig: Path
+) -> None:
+    manifest = kubeconfig.parent / "pool.yaml"
+    manifest.write_text(POOL_MANIFEST)
+    created = "inferencepool.inference.networking.k8s.io/vllm-llama created"
+    assert (await kubectl(kubeconfig, "apply", "-f", str(manifest))).strip() == created
+    manifest.write_text(POOL_MANIFEST.replace("number: 8000", "number: 8001"))
+    configured = "inferencepool.inference.networking.k8s.io/vllm-llama configured"
+    assert (await kubectl(kubeconfig, "apply", "-f", str(manifest))).strip() == configured
+    lines = (await kubectl(kubeconfig, "get", "inferencepools")).splitlines()
+    assert [line.split()[0] for line in lines] == ["NAME", "vllm-llama"]
+    assert lines[0].split() == ["NAME", "AGE"]
+    assert (await kubectl(kubeconfig, "get", "infpool", "-o", "name")).strip() == (
+        "inferencepool.inference.networking.k8s.io/vllm-llama"
+    )
+    shown = yaml.safe_load(
+        await kubectl(kubeconfig, "get", "inferencepool", "vllm-llama", "-o", "yaml")
+    )
+    assert shown["spec"]["targetPorts"] == [{"number": 8001}]
+    assert shown["spec"]["selector"] == {"matchLabels": {"app": "vllm-llama"}}
+    [stored] = sim.objects("InferencePool")
+    assert stored["spec"]["endpointPickerRef"]["name"] == "headcount"

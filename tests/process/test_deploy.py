@@ -536,6 +536,14 @@ def _component_names() -> list[str]:
     return sorted(path.parent.name for path in COMPONENTS.glob("*/kustomization.yaml"))
 
 
+_MODE_COMPONENTS = frozenset({"inference-pool-rbac"})
+"""Components a discovery mode's overlay includes (the gateway's), not extras to add at will."""
+
+
+def _optional_component_names() -> list[str]:
+    return [name for name in _component_names() if name not in _MODE_COMPONENTS]
+
+
 def _compose(overlay: str, components: list[str], root: Path) -> list[dict[str, Any]]:
     """The overlay with `components`, through an overlay on it in a copy of deploy/."""
     shutil.copytree(DEPLOY, root / "deploy")
@@ -553,7 +561,8 @@ def _compose(overlay: str, components: list[str], root: Path) -> list[dict[str, 
 
 @pytest.fixture(scope="module")
 def composed(overlay: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return _compose(overlay, _component_names(), tmp_path_factory.mktemp(f"composed-{overlay}"))
+    optional = _optional_component_names()
+    return _compose(overlay, optional, tmp_path_factory.mktemp(f"composed-{overlay}"))
 
 
 def _kustomizations() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -583,7 +592,12 @@ def test_rendering_fails_on_a_deprecated_field(tmp_path: Path) -> None:
 
 
 def test_components_hold_only_current_fields_and_their_files() -> None:
-    assert _component_names() == ["autoscaling", "prometheus-rule", "service-monitor"]
+    assert _component_names() == [
+        "autoscaling",
+        "inference-pool-rbac",
+        "prometheus-rule",
+        "service-monitor",
+    ]
     for name in _component_names():
         component = _component(name)
         assert (component["apiVersion"], component["kind"]) == (
@@ -591,9 +605,31 @@ def test_components_hold_only_current_fields_and_their_files() -> None:
             "Component",
         ), name
         assert component.keys() <= _COMPONENT_FIELDS, name
-        listed = set(component["resources"]) | {p["path"] for p in component.get("patches", [])}
+        listed = set(component.get("resources", [])) | {
+            p["path"] for p in component.get("patches", [])
+        }
         present = {path.name for path in (COMPONENTS / name).glob("*.yaml")}
         assert present - {"kustomization.yaml"} == listed, name
+
+
+def test_the_inference_pool_component_grants_reads_on_pools_and_pods_only(
+    tmp_path: Path,
+) -> None:
+    docs = _compose("pods", ["inference-pool-rbac"], tmp_path)
+    assert not [doc for doc in docs if doc["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    rules = _one(docs, "Role")["rules"]
+    assert sorted(
+        (group, resource, tuple(sorted(rule["verbs"])))
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    ) == [
+        ("", "pods", ("get", "list", "watch")),
+        ("inference.networking.k8s.io", "inferencepools", ("get", "list", "watch")),
+    ]
+    assert all(sorted(rule) == ["apiGroups", "resources", "verbs"] for rule in rules)
+    for version in KUBERNETES_VERSIONS:
+        assert _invalid(docs, version) == []
 
 
 def test_overlay_with_every_component_adds_their_objects(
@@ -718,7 +754,9 @@ def test_base_runs_the_image_make_image_builds() -> None:
 def test_readme_overlay_renders_as_written(tmp_path: Path) -> None:
     """The example overlay, beside a checkout of headcount, as its comment says."""
     example = _deploy_readme_overlay()
-    assert {path.rsplit("/", 1)[-1] for path in example["components"]} == set(_component_names())
+    assert {path.rsplit("/", 1)[-1] for path in example["components"]} == set(
+        _optional_component_names()
+    )
     shutil.copytree(DEPLOY, tmp_path / "headcount" / "deploy")
     site = tmp_path / "site"
     site.mkdir()

@@ -20,7 +20,7 @@ __all__: list[str] = []
 SRC = REPO / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"", "clock", "compiled", "log_limit", "logs", "selectors"}),
+    frozenset({"", "clock", "compiled", "log_limit", "logs", "pool_spec", "selectors"}),
     frozenset({"config"}),
     frozenset({"flags", "_http", "kvevents", "tokens", "auth", "supervise"}),
     frozenset({"fleet", "sim"}),

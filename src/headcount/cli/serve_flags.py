@@ -140,6 +140,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_R
         "(default: all of them)",
     )
     discovery.add_argument(
+        "--inference-pool",
+        default=discovery_d.inference_pool,
+        metavar="NAME",
+        help="inference-pool: the InferencePool (inference.networking.k8s.io/v1) in --namespace "
+        "whose selector and targetPorts say which pods are engines (default: none; "
+        "required in that mode)",
+    )
+    discovery.add_argument(
         "--engine-port",
         type=parse_port,
         default=discovery_d.engine_port,
@@ -623,6 +631,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             kubeconfig=ns.kubeconfig,
             namespace=ns.namespace,
             label_selector=ns.label_selector,
+            inference_pool=ns.inference_pool,
             engine_port=ns.engine_port,
             engine_scheme=EngineScheme(ns.engine_scheme),
             watch_idle_timeout=ns.watch_idle_timeout,

@@ -66,18 +66,26 @@ def serve_hints(settings: Settings, given: Collection[str], backends: Sequence[s
         hints += _unused(given, _KUBERNETES_ONLY, "--discovery static")
         if not any(url.startswith("https://") for url in discovery.backends):
             hints += _unused(given, _ENGINE_TLS_ONLY, "no https:// engine in --backends")
-    elif discovery.watch_idle_timeout < BOOKMARK_INTERVAL:
-        idle = discovery.watch_idle_timeout
-        hints.append(
-            f"--watch-idle-timeout {idle:g}s is under the API server's bookmark interval "
-            f"(about {BOOKMARK_INTERVAL:g}s): a quiet watch would time out and relist every "
-            f"{idle:g}s; use {BOOKMARK_INTERVAL * 1.5:g}s or more"
-        )
+    else:
+        if discovery.mode is DiscoveryMode.INFERENCE_POOL:
+            pool = "--discovery inference-pool (the pool's targetPorts are the ports)"
+            hints += _unused(given, ("--engine-port",), pool)
+        hints += _bookmark_hints(discovery.watch_idle_timeout)
     if settings.proxy.routing is not RoutingName.KV_AWARE:
         hints += _unused(given, _KV_AWARE_ONLY, f"--routing {settings.proxy.routing.value}")
     if settings.auth.tenants_file is None:
         hints += _unused(given, _FLOW_ONLY, "flow control off (no --tenants-file)")
     return hints
+
+
+def _bookmark_hints(idle: float) -> list[str]:
+    if idle >= BOOKMARK_INTERVAL:
+        return []
+    return [
+        f"--watch-idle-timeout {idle:g}s is under the API server's bookmark interval "
+        f"(about {BOOKMARK_INTERVAL:g}s): a quiet watch would time out and relist every "
+        f"{idle:g}s; use {BOOKMARK_INTERVAL * 1.5:g}s or more"
+    ]
 
 
 def _unused(given: Collection[str], flags: Sequence[str], mode: str) -> list[str]:

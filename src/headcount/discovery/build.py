@@ -1,7 +1,7 @@
 """Kubernetes discovery wired from settings: the one place `DiscoverySettings` becomes components.
 
-`build_k8s_source` finds the cluster, opens one API client and builds the pod
-or Service source `settings.mode` asks for. Every timeout and back-off bound
+`build_k8s_source` finds the cluster, opens one API client and builds the pod,
+Service or InferencePool source `settings.mode` asks for. Every timeout and back-off bound
 comes from the settings through `reflector_timing` and `lister_watcher`, so no
 component keeps a default of its own; tests build theirs through them too.
 """
@@ -15,6 +15,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from headcount import __version__
 from headcount.config import ConfigError, DiscoveryMode, DiscoverySettings
+from headcount.discovery.inference_pool import InferencePoolSource
 from headcount.discovery.kube import KubeListerWatcher
 from headcount.discovery.kubeconfig import load_kube_config
 from headcount.discovery.listwatch import ListerWatcher
@@ -59,8 +60,8 @@ def k8s_source(
     lister_watchers: Callable[[str], ListerWatcher],
     namespace: str,
 ) -> DiscoverySource:
-    """The pod or Service source `settings.mode` asks for, over `lister_watchers(resource)`
-    (which list in `namespace`)."""
+    """The pod, Service or InferencePool source `settings.mode` asks for, over
+    `lister_watchers(resource)` (which list in `namespace`)."""
     _require_kubernetes_mode(settings.mode)
     timing = reflector_timing(settings)
     if settings.mode is DiscoveryMode.K8S_PODS:
@@ -68,6 +69,18 @@ def k8s_source(
             fleet,
             lister_watchers("pods"),
             engine_port=settings.engine_port,
+            namespace=namespace,
+            label_selector=settings.label_selector,
+            timing=timing,
+            scheme=settings.engine_scheme,
+        )
+    if settings.mode is DiscoveryMode.INFERENCE_POOL:
+        assert settings.inference_pool is not None, "checked by DiscoverySettings"
+        return InferencePoolSource(
+            fleet,
+            lister_watchers("inferencepools"),
+            lister_watchers("pods"),
+            pool=settings.inference_pool,
             namespace=namespace,
             label_selector=settings.label_selector,
             timing=timing,
@@ -86,7 +99,7 @@ def k8s_source(
 
 
 def _require_kubernetes_mode(mode: DiscoveryMode) -> None:
-    if mode not in (DiscoveryMode.K8S_PODS, DiscoveryMode.K8S_SERVICES):
+    if mode is DiscoveryMode.STATIC:
         raise ConfigError(f"--discovery {mode.value} is not a Kubernetes mode")
 
 
@@ -110,7 +123,7 @@ class _ClientOwningSource:
 
 
 async def build_k8s_source(settings: DiscoverySettings, fleet: Fleet) -> DiscoverySource:
-    """The pod or Service source `settings.mode` asks for; raises `ConfigError`.
+    """The Kubernetes source `settings.mode` asks for; raises `ConfigError`.
 
     The API client lives as long as the returned source's `run()`.
     """
@@ -126,8 +139,9 @@ async def build_k8s_source(settings: DiscoverySettings, fleet: Fleet) -> Discove
         namespace,
     )
     _log.info(
-        "discovery: %s in namespace %s (label selector %r) via %s at %s",
+        "discovery: %s%s in namespace %s (label selector %r) via %s at %s",
         settings.mode.value,
+        f" {settings.inference_pool}" if settings.inference_pool else "",
         namespace,
         settings.label_selector,
         kube.origin,

@@ -49,6 +49,7 @@ RESOURCE_PATHS: Mapping[str, str] = {
     "pods": "/api/v1/namespaces/{namespace}/pods",
     "services": "/api/v1/namespaces/{namespace}/services",
     "endpointslices": "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+    "inferencepools": "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools",
 }
 
 _MAX_LINE = 16 * 1024 * 1024
@@ -59,7 +60,7 @@ _Query = list[tuple[str, str]]
 
 
 class KubeListerWatcher:
-    """A `ListerWatcher` for one resource (`pods`, `services`, `endpointslices`) in a namespace."""
+    """A `ListerWatcher` for one resource (a key of `RESOURCE_PATHS`) in a namespace."""
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from headcount.clock import Clock, Sleep
@@ -36,6 +36,7 @@ __all__ = [
     "KV_EVENTS_PORT_ANNOTATION",
     "KV_EVENTS_REPLAY_PORT_ANNOTATION",
     "PodSource",
+    "apply_engines",
     "apply_observed",
     "deleted_reason",
     "kv_event_ports",
@@ -172,9 +173,15 @@ def not_an_engine(obj: KubeObject, kind: str, reason: str) -> NotAnEngine:
     return NotAnEngine(id=uid, name=name, object_ref=f"{kind}/{name}", reason=reason)
 
 
-def reconcile_listed(fleet: Fleet, status: SourceStatus, specs: list[EngineSpec]) -> None:
+def reconcile_listed(
+    fleet: Fleet, status: SourceStatus, specs: list[EngineSpec], cause: str | None = None
+) -> None:
     """Apply a LIST as a full replace; count what it removed: deletions the watch missed (the
-    fleet logs each)."""
+    fleet logs each). With `cause` (what selects the objects changed) the removals are logged
+    with it instead, and not counted."""
+    if cause is not None:
+        fleet.reconcile(status.name, specs, removed_reason=cause)
+        return
     change = fleet.reconcile(
         status.name,
         specs,
@@ -185,11 +192,14 @@ def reconcile_listed(fleet: Fleet, status: SourceStatus, specs: list[EngineSpec]
 
 
 def reconcile_observed(
-    fleet: Fleet, status: SourceStatus, observed: list[EngineSpec | NotAnEngine]
+    fleet: Fleet,
+    status: SourceStatus,
+    observed: list[EngineSpec | NotAnEngine],
+    cause: str | None = None,
 ) -> None:
     """Apply a LIST of mapped objects: the engines to the fleet, the rest to the status."""
     specs = [engine for engine in observed if isinstance(engine, EngineSpec)]
-    reconcile_listed(fleet, status, specs)
+    reconcile_listed(fleet, status, specs, cause)
     status.not_engines = {
         engine.id: engine for engine in observed if isinstance(engine, NotAnEngine)
     }
@@ -207,15 +217,29 @@ def apply_observed(
     gone: str = "deleted",
 ) -> None:
     """Apply one changed object: an engine, a non-engine, or gone (None; `gone` says why)."""
-    if isinstance(observed, EngineSpec):
-        status.note(uid, None)
-        fleet.upsert(observed)
-    else:
+    engines = [observed] if isinstance(observed, EngineSpec) else observed
+    apply_engines(fleet, status, uid, engines, (uid,), gone)
+
+
+def apply_engines(
+    fleet: Fleet,
+    status: SourceStatus,
+    uid: str,
+    observed: Sequence[EngineSpec] | NotAnEngine | None,
+    engine_ids: Iterable[str],
+    gone: str = "deleted",
+) -> None:
+    """Apply one changed object `uid` that stands for several engines (`engine_ids`, those it
+    may have): its engines, a non-engine, or gone (None; `gone` says why)."""
+    if observed is None or isinstance(observed, NotAnEngine):
         status.note(uid, observed)
-        if observed is None:
-            fleet.remove(uid, gone)
-        else:
-            fleet.remove(uid, observed.reason, failure=observed.reason in _FAILURES)
+        reason = gone if observed is None else observed.reason
+        for engine_id in engine_ids:
+            fleet.remove(engine_id, reason, failure=reason in _FAILURES and observed is not None)
+        return
+    status.note(uid, None)
+    for engine in observed:
+        fleet.upsert(engine)
 
 
 def deleted_reason(obj: KubeObject, what: str) -> str:

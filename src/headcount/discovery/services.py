@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +32,7 @@ from headcount.discovery.pods import (
     reconcile_observed,
 )
 from headcount.discovery.reflector import Reflector, ReflectorTiming
-from headcount.discovery.source import NotAnEngine, SourceStatus, Watched
+from headcount.discovery.source import NotAnEngine, SourceStatus, Watched, merge_statuses
 from headcount.fleet import EngineSpec, Fleet
 
 __all__ = ["SERVICE_NAME_LABEL", "ServiceSource", "service_to_spec", "unroutable_reason"]
@@ -305,29 +304,4 @@ class ServiceSource:
         )
 
     def _merge_status(self) -> None:
-        """The joined source is as fresh as its stalest side, and connected when both are."""
-        merged, parts = self.status, self._parts
-        merged.synced = all(part.synced for part in parts)
-        merged.last_list_success = _oldest(part.last_list_success for part in parts)
-        merged.last_event = _oldest(part.last_success for part in parts)
-        merged.last_attempt_started = _oldest(part.last_attempt_started for part in parts)
-        merged.last_attempt_finished = _oldest(part.last_attempt_finished for part in parts)
-        merged.watch_connected = all(part.watch_connected for part in parts)
-        merged.relists = sum((part.relists for part in parts), Counter())
-        errors = [f"{part.name}: {part.last_error}" for part in parts if part.last_error]
-        merged.last_error = "; ".join(errors) or None
-        failing = [part.failing_since for part in parts if part.failing_since is not None]
-        merged.failing_since = min(failing, default=None)
-        merged.api_unreachable = any(part.api_unreachable for part in parts)
-        merged.resource_version = ",".join(
-            f"{part.name.rsplit('/', 1)[-1]}={part.resource_version}" for part in parts
-        )
-        merged.wall_last_sync = _oldest(part.wall_last_sync for part in parts)
-
-
-def _oldest(times: Iterable[float | None]) -> float | None:
-    """The oldest time, or None if any side has none yet."""
-    values = list(times)
-    if any(value is None for value in values):
-        return None
-    return min(value for value in values if value is not None)
+        merge_statuses(self.status, self._parts)

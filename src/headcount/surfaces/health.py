@@ -200,6 +200,8 @@ def _explain_source(source: SourceStatus, engines: Sequence[Engine]) -> str:
     if not source.synced:
         failure = _failure(source)
         return f"first sync not done: {failure}" if failure else "first sync not done"
+    if source.missing is not None:
+        return source.missing
     noun, where = _watched(source.watches)
     not_engines = source.not_engine_counts()
     matched = len(engines) + sum(not_engines.values())
@@ -312,6 +314,7 @@ def _describe_source(source: SourceStatus, snapshot: Snapshot, now: float) -> di
             "namespace": watched.namespace,
             "label_selector": watched.label_selector,
         },
+        "missing": source.missing,
         "objects": engines + sum(not_engines.values()),
         "engines": engines,
         "not_engines": dict(sorted(not_engines.items(), key=_by_count)),

@@ -2,9 +2,11 @@
 
 Kubernetes cannot run where headcount is built, so this emulator speaks the
 kube-apiserver's HTTP API closely enough for the official clients and kubectl,
-for three resources: core/v1 Pods and Services, discovery.k8s.io/v1
-EndpointSlices. It serves LIST with label and field selectors, chunked WATCH
-from a resourceVersion (history replay, selector transitions, bookmarks,
+for four resources: core/v1 Pods and Services, discovery.k8s.io/v1
+EndpointSlices, and the custom resource inference.networking.k8s.io/v1
+InferencePool (as with its CRD installed; its spec checked as the CRD does).
+It serves LIST with label and field selectors, chunked WATCH from a
+resourceVersion (history replay, selector transitions, bookmarks,
 ``timeoutSeconds``), a bounded history whose older versions answer ``410
 Expired``, discovery documents, Table output for kubectl, and every error as a
 ``Status`` object. On top come the faults a client must survive::
@@ -39,7 +41,12 @@ protobuf, server-side apply, OpenAPI beyond the minimal v2 document kubectl
 validates against (``openapi.py``).
 """
 
-from headcount.sim.apiserver.builders import make_endpointslice, make_pod, make_service
+from headcount.sim.apiserver.builders import (
+    make_endpointslice,
+    make_inference_pool,
+    make_pod,
+    make_service,
+)
 from headcount.sim.apiserver.cli import add_arguments, config_from_args, main, serve_forever
 from headcount.sim.apiserver.config import ApiServerSimConfig
 from headcount.sim.apiserver.resources import Kind
@@ -55,6 +62,7 @@ __all__ = [
     "config_from_args",
     "main",
     "make_endpointslice",
+    "make_inference_pool",
     "make_pod",
     "make_service",
     "running_apiserver",

@@ -1,4 +1,4 @@
-"""Pods, Services and EndpointSlices as a running cluster reports them, for tests to apply.
+"""Pods, Services, EndpointSlices and InferencePools as a cluster reports them, for tests to apply.
 
 Discovery reads what a cluster's controllers write (a scheduled pod's
 conditions and IPs, an EndpointSlice's endpoint conditions), so the builders
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from headcount.sim.apiserver.objects import JsonObject, timestamp
 
-__all__ = ["make_endpointslice", "make_pod", "make_service"]
+__all__ = ["make_endpointslice", "make_inference_pool", "make_pod", "make_service"]
 
 
 def make_pod(
@@ -153,4 +153,28 @@ def make_endpointslice(
             for ip, ready in endpoints
         ],
         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
+    }
+
+
+def make_inference_pool(
+    name: str,
+    *,
+    namespace: str = "default",
+    match_labels: Mapping[str, str],
+    ports: Sequence[int] = (8000,),
+    endpoint_picker: str | None = None,
+) -> JsonObject:
+    """An InferencePool (inference.networking.k8s.io/v1) selecting pods by `match_labels` on
+    `ports`; `endpoint_picker` names the Service of its picker (port 9002, GIE's default)."""
+    spec: JsonObject = {
+        "selector": {"matchLabels": dict(match_labels)},
+        "targetPorts": [{"number": port} for port in ports],
+    }
+    if endpoint_picker is not None:
+        spec["endpointPickerRef"] = {"name": endpoint_picker, "port": {"number": 9002}}
+    return {
+        "kind": "InferencePool",
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
     }

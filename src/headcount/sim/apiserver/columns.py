@@ -14,9 +14,11 @@ from typing import Any
 from headcount.sim.apiserver.objects import JsonObject, as_list, dicts, field
 
 __all__ = [
+    "CUSTOM_RESOURCE_COLUMNS",
     "ENDPOINTSLICE_COLUMNS",
     "POD_COLUMNS",
     "SERVICE_COLUMNS",
+    "custom_resource_cells",
     "endpointslice_cells",
     "pod_cells",
     "service_cells",
@@ -63,6 +65,9 @@ ENDPOINTSLICE_COLUMNS = (
     _column("Endpoints", "The addresses of the endpoints in this EndpointSlice."),
     _AGE_COLUMN,
 )
+
+CUSTOM_RESOURCE_COLUMNS = (_NAME_COLUMN, _AGE_COLUMN)
+"""What the server prints of a custom resource whose CRD declares no printer columns."""
 
 
 def _human_age(created: Any) -> str:
@@ -152,4 +157,11 @@ def endpointslice_cells(endpoint_slice: JsonObject) -> list[Any]:
         ",".join(ports) or "<unset>",
         shown or "<unset>",
         _human_age(field(endpoint_slice, "metadata", "creationTimestamp")),
+    ]
+
+
+def custom_resource_cells(obj: JsonObject) -> list[Any]:
+    return [
+        field(obj, "metadata", "name"),
+        _human_age(field(obj, "metadata", "creationTimestamp")),
     ]

@@ -53,11 +53,16 @@ _BODY_FIELDS: dict[str, JsonObject] = {
         "endpoints": _LIST_OF_OBJECTS,
         "ports": _LIST_OF_OBJECTS,
     },
+    "InferencePool": {"spec": _ANY_OBJECT, "status": _ANY_OBJECT},
 }
 
 
 def definition_name(resource: Resource) -> str:
-    """The definition's name as the real server spells it, e.g. ``io.k8s.api.core.v1.Pod``."""
+    """The definition's name as the real server spells it, e.g. ``io.k8s.api.core.v1.Pod``,
+    and for a custom resource its group reversed (``io.k8s.networking.inference.v1...``)."""
+    if resource.custom:
+        reversed_group = ".".join(reversed(resource.group.split(".")))
+        return f"{reversed_group}.{resource.version}.{resource.kind}"
     group = resource.group.removesuffix(".k8s.io") or "core"
     return f"io.k8s.api.{group}.{resource.version}.{resource.kind}"
 

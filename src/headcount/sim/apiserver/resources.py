@@ -1,7 +1,9 @@
 """The resource types the emulator serves: their names, API group, field labels and columns.
 
 Three kinds, as a cluster running vLLM pods behind Services has them: core/v1
-Pods and Services, discovery.k8s.io/v1 EndpointSlices.
+Pods and Services, discovery.k8s.io/v1 EndpointSlices; and one custom resource,
+as a cluster with the Gateway API Inference Extension's CRD installed has it:
+inference.networking.k8s.io/v1 InferencePools.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from headcount.sim.apiserver.columns import (
+    CUSTOM_RESOURCE_COLUMNS,
     ENDPOINTSLICE_COLUMNS,
     POD_COLUMNS,
     SERVICE_COLUMNS,
+    custom_resource_cells,
     endpointslice_cells,
     pod_cells,
     service_cells,
@@ -26,6 +30,7 @@ __all__ = [
     "BY_PLURAL",
     "ENDPOINTSLICES",
     "GROUPS",
+    "INFERENCEPOOLS",
     "PODS",
     "RESOURCES",
     "SERVICES",
@@ -33,7 +38,7 @@ __all__ = [
     "Resource",
 ]
 
-Kind = Literal["Pod", "Service", "EndpointSlice"]
+Kind = Literal["Pod", "Service", "EndpointSlice", "InferencePool"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +54,8 @@ class Resource:
     field_labels: frozenset[str]
     columns: tuple[JsonObject, ...]
     cells: Callable[[JsonObject], list[Any]]
+    custom: bool = False
+    """Served from a CustomResourceDefinition, as the real server serves one."""
 
     @property
     def api_version(self) -> str:
@@ -108,7 +115,19 @@ ENDPOINTSLICES = Resource(
     columns=ENDPOINTSLICE_COLUMNS,
     cells=endpointslice_cells,
 )
-RESOURCES = (PODS, SERVICES, ENDPOINTSLICES)
+INFERENCEPOOLS = Resource(
+    kind="InferencePool",
+    plural="inferencepools",
+    singular="inferencepool",
+    group="inference.networking.k8s.io",
+    version="v1",
+    short_names=("infpool",),
+    field_labels=_METADATA_FIELDS,
+    columns=CUSTOM_RESOURCE_COLUMNS,
+    cells=custom_resource_cells,
+    custom=True,
+)
+RESOURCES = (PODS, SERVICES, ENDPOINTSLICES, INFERENCEPOOLS)
 BY_KIND: dict[str, Resource] = {resource.kind: resource for resource in RESOURCES}
 BY_PLURAL = {resource.plural: resource for resource in RESOURCES}
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}

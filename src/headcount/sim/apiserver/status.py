@@ -57,7 +57,8 @@ def bad_request(message: str) -> StatusError:
 
 def invalid(resource: Resource, name: str, message: str) -> StatusError:
     details = {"name": name, "group": resource.group, "kind": resource.kind}
-    return StatusError(422, "Invalid", f'{resource.kind} "{name}" is invalid: {message}', details)
+    kind = f"{resource.kind}.{resource.group}" if resource.custom else resource.kind
+    return StatusError(422, "Invalid", f'{kind} "{name}" is invalid: {message}', details)
 
 
 def not_found(resource: Resource, name: str) -> StatusError:

@@ -1,7 +1,8 @@
 """What the emulator accepts as an object, as the real server validates names, labels and kinds.
 
 A client bug the real server would refuse (a label value with a space, a
-body of the wrong kind) must fail here too, not only in production.
+body of the wrong kind, an InferencePool without ports) must fail here too, not
+only in production.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import re
 import uuid
 from typing import Any
 
+from headcount.pool_spec import pool_target
 from headcount.selectors import valid_label_key, valid_label_value
 from headcount.sim.apiserver.objects import JsonObject
-from headcount.sim.apiserver.resources import Resource
+from headcount.sim.apiserver.resources import INFERENCEPOOLS, Resource
 from headcount.sim.apiserver.status import bad_request, invalid
 
 __all__ = ["validated"]
@@ -64,4 +66,9 @@ def validated(
         raise invalid(resource, name, f"metadata.namespace: Invalid value: {namespace!r}")
     _check_string_map(resource, name, "labels", metadata.get("labels"))
     _check_string_map(resource, name, "annotations", metadata.get("annotations"))
+    if resource is INFERENCEPOOLS:
+        try:
+            pool_target(body)
+        except ValueError as exc:
+            raise invalid(resource, name, str(exc)) from None
     return body

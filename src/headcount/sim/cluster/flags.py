@@ -53,6 +53,7 @@ class RouterFlags:
     kubeconfig: Path | None = None
     namespace: str | None = None
     label_selector: str | None = None
+    inference_pool: str | None = None
     engine_port: int | None = None
     engine_scheme: EngineScheme | None = None
     routing: RoutingName | None = None

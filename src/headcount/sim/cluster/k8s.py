@@ -3,19 +3,26 @@
 The emulator runs on the caller's event loop; each engine pod gets its own
 loopback address (127.0.0.0/8 all routes to `lo`) and every engine listens on
 one shared port, as pods do. `router_flags` describes a router that discovers
-the pods (`--discovery k8s-pods` on the cluster's kubeconfig).
+the pods (`--discovery k8s-pods` on the cluster's kubeconfig), `pool_router_flags`
+one that discovers them through an `InferencePool` (`apply_inference_pool`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from headcount.config import DiscoveryMode
-from headcount.sim.apiserver import ApiServerSim, ApiServerSimConfig, make_pod, running_apiserver
+from headcount.sim.apiserver import (
+    ApiServerSim,
+    ApiServerSimConfig,
+    make_inference_pool,
+    make_pod,
+    running_apiserver,
+)
 from headcount.sim.cluster.flags import RouterFlags, Timings
 from headcount.sim.engine import EngineSimConfig, SimEngine, start_engine
 from headcount.sim.loopback import free_port_on_all
@@ -53,6 +60,41 @@ class SimCluster:
             engine_port=self.port,
             timings=timings or Timings(),
         )
+
+    def pool_router_flags(self, pool: str, timings: Timings | None = None) -> RouterFlags:
+        """A router discovering the engine pods of the InferencePool `pool`, with `timings`."""
+        return RouterFlags(
+            discovery=DiscoveryMode.INFERENCE_POOL,
+            inference_pool=pool,
+            kubeconfig=self.kubeconfig,
+            namespace=self.namespace,
+            timings=timings or Timings(),
+        )
+
+    def apply_inference_pool(
+        self,
+        name: str,
+        *,
+        ports: Sequence[int] | None = None,
+        match_labels: Mapping[str, str] | None = None,
+        endpoint_picker: str | None = None,
+    ) -> dict[str, Any]:
+        """Create or replace an InferencePool: by default the engine pods on the cluster's port."""
+        pool = make_inference_pool(
+            name,
+            namespace=self.namespace,
+            match_labels=ENGINE_LABELS if match_labels is None else match_labels,
+            ports=(self.port,) if ports is None else ports,
+            endpoint_picker=endpoint_picker,
+        )
+        return self.api.apply(pool)
+
+    def patch_inference_pool(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch to an InferencePool, e.g. ``{"spec": {"targetPorts": [...]}}``."""
+        return self.api.patch("InferencePool", self.namespace, name, dict(patch))
+
+    def delete_inference_pool(self, name: str) -> None:
+        self.api.delete("InferencePool", self.namespace, name)
 
     async def start_engine(
         self, name: str, host: str, *, model: str, token_delay: float = 0.0
