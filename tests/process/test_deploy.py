@@ -488,8 +488,8 @@ def test_gateway_deployment_runs_headcount_as_the_pools_picker_alone(
         "ext-proc": pool["spec"]["endpointPickerRef"]["port"]["number"],
         "admin": settings.server.admin_port,
     }
-    assert settings.gateway.ext_proc_port == container_ports["ext-proc"]
-    assert not settings.server.port, "no OpenAI port of its own: the gateway is the data plane"
+    assert settings.server.ext_proc_port == container_ports["ext-proc"]
+    assert settings.server.port is None, "no OpenAI port: the gateway is the data plane"
 
 
 def test_gateway_role_reads_the_pool_and_its_pods_only(gateway: list[dict[str, Any]]) -> None:

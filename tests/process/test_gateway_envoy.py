@@ -32,6 +32,7 @@ from headcount.sim.engine.kv_events_config import KvEventsConfig
 from headcount.sim.loopback import free_port, free_port_on_all
 from tests.support import wait_until
 from tests.support.envoy import (
+    FULL_DUPLEX,
     PICKED,
     UPSTREAM,
     Envoy,
@@ -51,6 +52,8 @@ TIMEOUT = 10.0
 FAST = Timings(probe_interval=0.2, probe_timeout=1.0, connect_timeout=0.3, drain_delay=0)
 PICKER_NAME = "headcount.test"
 """The name headcount's ext_proc certificate carries and Envoy checks."""
+BUFFERED = GatewayConfig(picker_port=0, request_body_mode="BUFFERED", response_body_mode="STREAMED")
+"""The example's other pair of body modes: the request whole, the response piece by piece."""
 
 
 # ---------------------------------------------------------------- the gateway
@@ -116,11 +119,19 @@ class Gateway:
 
 
 def picker(
-    flags: RouterFlags, ext_proc_port: int, *, cert: Path | None = None, key: Path | None = None
+    flags: RouterFlags,
+    ext_proc_port: int,
+    *,
+    cert: Path | None = None,
+    key: Path | None = None,
+    alone: bool = False,
 ) -> RouterProcess:
-    """`headcount serve` with its ext_proc port beside its own HTTP port."""
+    """`headcount serve` with its ext_proc port beside its own HTTP port or, `alone`, in its
+    place (`--port off`: the port `router.url` names is then the admin port)."""
     router = RouterProcess(flags)
     router.command += [f"--ext-proc-port={ext_proc_port}"]
+    if alone:
+        router.command += ["--port=off", f"--admin-port={router.port}"]
     if cert is not None and key is not None:
         router.command += [f"--ext-proc-tls-cert={cert}", f"--ext-proc-tls-key={key}"]
     return router
@@ -140,9 +151,12 @@ async def gateway(
     *,
     cert: Path | None = None,
     key: Path | None = None,
+    expected: int = 0,
+    alone: bool = False,
 ) -> AsyncIterator[Gateway]:
     """The engines, headcount (static discovery unless `flags` say otherwise) picking for
-    them, and Envoy rendered with `config` (its picker port filled in), all ready."""
+    them, and Envoy rendered with `config` (its picker port filled in), all ready: `expected`
+    engines ready in headcount when discovery finds engines started elsewhere."""
     async with contextlib.AsyncExitStack() as stack:
         running = {
             str(each.name): await stack.enter_async_context(running_engine(each))
@@ -151,9 +165,13 @@ async def gateway(
         if flags.discovery is DiscoveryMode.STATIC:
             flags = replace(flags, backends=tuple(engine.url for engine in running.values()))
         port = free_port()
-        router = await stack.enter_async_context(picker(flags, port, cert=cert, key=key))
+        router = await stack.enter_async_context(
+            picker(flags, port, cert=cert, key=key, alone=alone)
+        )
         await wait_until(
-            lambda: all_ready(router, len(running)), timeout=TIMEOUT, what="every engine ready"
+            lambda: all_ready(router, expected or len(running)),
+            timeout=TIMEOUT,
+            what="every engine ready",
         )
         config = replace(config or GatewayConfig(picker_port=0), picker_port=port)
         envoy = await stack.enter_async_context(Envoy(config, directory))
@@ -201,8 +219,10 @@ def static_flags(routing: RoutingName = RoutingName.ROUND_ROBIN) -> RouterFlags:
 def test_the_example_is_a_valid_envoy_configuration(
     tmp_path: Path, buffered: bool, failure_mode_allow: bool
 ) -> None:
-    config = GatewayConfig(
-        picker_port=9002, buffered=buffered, failure_mode_allow=failure_mode_allow
+    config = replace(
+        BUFFERED if buffered else GatewayConfig(picker_port=0),
+        picker_port=9002,
+        failure_mode_allow=failure_mode_allow,
     )
     result = Envoy(config, tmp_path).validate()
     assert result.returncode == 0, result.stdout + result.stderr
@@ -236,8 +256,10 @@ async def test_with_headcount_down_envoy_answers_at_once_as_its_failure_mode_say
 ) -> None:
     """FailClose: 500. FailOpen goes on without a pick only with a buffered body, and with no
     address for ORIGINAL_DST that is 503; with a streamed body Envoy fails closed anyway."""
-    config = GatewayConfig(
-        picker_port=free_port(), buffered=buffered, failure_mode_allow=failure_mode_allow
+    config = replace(
+        BUFFERED if buffered else GatewayConfig(picker_port=0),
+        picker_port=free_port(),
+        failure_mode_allow=failure_mode_allow,
     )
     timeout = aiohttp.ClientTimeout(total=TIMEOUT)
     async with Envoy(config, tmp_path) as envoy, aiohttp.ClientSession(timeout=timeout) as session:
@@ -262,11 +284,35 @@ async def test_round_robin_requests_land_on_each_engine_headcount_picked(tmp_pat
     assert sorted(served) == ["a", "a", "b", "b", "c", "c"]
 
 
+async def test_a_picker_without_an_openai_port_serves_envoy(tmp_path: Path) -> None:
+    """The gateway overlay's mode: `--port off`, the ext_proc port and the admin port only."""
+    engines = engine_configs("127.0.35", 2)
+    async with gateway(tmp_path, engines, static_flags(), alone=True) as through:
+        served = [await through.served() for _ in range(4)]
+        assert await through.router.client.status_of("/v1/models") == 404, "no OpenAI API"
+    assert sorted(served) == ["a", "a", "b", "b"]
+
+
 async def test_a_buffered_body_is_picked_for_as_a_streamed_one(tmp_path: Path) -> None:
-    config = GatewayConfig(picker_port=0, buffered=True)
-    async with gateway(tmp_path, engine_configs("127.0.22", 2), static_flags(), config) as through:
+    async with gateway(
+        tmp_path, engine_configs("127.0.22", 2), static_flags(), BUFFERED
+    ) as through:
         served = [await through.served() for _ in range(4)]
     assert sorted(served) == ["a", "a", "b", "b"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="picker bug: it answers the response body in the request body's mode (plain "
+    "BodyResponse after a BUFFERED request), while Envoy streams the response FULL_DUPLEX_STREAMED "
+    "as protocol_config.response_body_mode says: Envoy drops the answer as spurious and fails "
+    "the request with 500",
+)
+async def test_a_buffered_request_with_a_full_duplex_response_is_answered(tmp_path: Path) -> None:
+    config = replace(BUFFERED, response_body_mode=FULL_DUPLEX)
+    async with gateway(tmp_path, engine_configs("127.0.34", 2), static_flags(), config) as through:
+        served = [await through.served() for _ in range(2)]
+    assert sorted(served) == ["a", "b"]
 
 
 async def test_least_loaded_keeps_requests_off_the_engine_busy_with_a_long_stream(
@@ -373,10 +419,15 @@ async def test_kv_aware_through_envoy_hits_the_cache_as_it_does_directly(tmp_pat
 # ---------------------------------------------------------------- streaming
 
 
-async def test_a_stream_reaches_the_client_token_by_token_through_envoy(tmp_path: Path) -> None:
-    """The first chunk arrives while the engine is still generating (20 tokens, 0.1 s each)."""
+@pytest.mark.parametrize("buffered", [False, True], ids=["full-duplex", "buffered"])
+async def test_a_stream_reaches_the_client_token_by_token_through_envoy(
+    tmp_path: Path, buffered: bool
+) -> None:
+    """The first chunk arrives while the engine is still generating (20 tokens, 0.1 s each),
+    whether the response body passes through headcount (full duplex) or not (skipped)."""
     engines = engine_configs("127.0.27", 1, token_delay=0.1)
-    async with gateway(tmp_path, engines, static_flags()) as through:
+    config = BUFFERED if buffered else None
+    async with gateway(tmp_path, engines, static_flags(), config) as through:
         body: dict[str, Any] = {"model": MODEL, "max_tokens": 20, "stream": True}
         body["messages"] = [{"role": "user", "content": "count"}]
         started = time.monotonic()
@@ -433,11 +484,8 @@ async def test_a_pod_deleted_while_the_api_is_unreachable_is_never_picked_after_
             watch_idle_timeout=2,
         )
         flags = replace(cluster.router_flags(timings), routing=RoutingName.ROUND_ROBIN)
-        async with gateway(tmp_path, [], flags) as through:
+        async with gateway(tmp_path, [], flags, expected=2) as through:
             through.engines.update(cluster.engines)
-            await wait_until(
-                lambda: all_ready(through.router, 2), timeout=TIMEOUT, what="both engines ready"
-            )
             assert {await through.served() for _ in range(2)} == {"stays", "goes"}
             await cluster.api.refuse()
 

@@ -37,6 +37,7 @@ from tests.support.paths import REPO
 
 __all__ = [
     "ENVOY_EXAMPLE",
+    "FULL_DUPLEX",
     "PICKED",
     "PICKER_TLS_EXAMPLE",
     "UPSTREAM",
@@ -53,6 +54,8 @@ PICKER_TLS_EXAMPLE = REPO / "deploy" / "gateway" / "picker-tls.yaml"
 _HOST = "127.0.0.1"
 _EXT_PROC = "envoy.filters.http.ext_proc"
 _PICKER_CLUSTER = "headcount_picker"
+FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
+"""The example's body modes, both ways: bodies stream to the picker as they come."""
 PICKED = "x-test-picked"
 """The response header saying what headcount picked (`ip:port`), as the request carried it."""
 UPSTREAM = "x-test-upstream"
@@ -85,8 +88,8 @@ class GatewayConfig:
 
     picker_port: int
     picker_address: str = _HOST
-    buffered: bool = False
-    """The request body sent to the picker whole (BUFFERED), not streamed (FULL_DUPLEX_STREAMED)."""
+    request_body_mode: str = FULL_DUPLEX
+    response_body_mode: str = FULL_DUPLEX
     failure_mode_allow: bool = False
     tls: PickerTls | None = None
     before_picker: tuple[dict[str, Any], ...] = ()
@@ -117,7 +120,8 @@ def render_config(config: GatewayConfig, *, admin_port: int, listen_port: int) -
         LISTEN_PORT=listen_port,
         PICKER_ADDRESS=config.picker_address,
         PICKER_PORT=config.picker_port,
-        REQUEST_BODY_MODE="BUFFERED" if config.buffered else "FULL_DUPLEX_STREAMED",
+        REQUEST_BODY_MODE=config.request_body_mode,
+        RESPONSE_BODY_MODE=config.response_body_mode,
         FAILURE_MODE_ALLOW="true" if config.failure_mode_allow else "false",
     )
     rendered: dict[str, Any] = yaml.safe_load(text)
