@@ -322,7 +322,7 @@ async def test_least_loaded_keeps_requests_off_the_engine_busy_with_a_long_strea
     engines = engine_configs("127.0.23", 2, token_delay=0.05)
     flags = static_flags(RoutingName.LEAST_LOADED)
     async with gateway(tmp_path, engines, flags) as through:
-        body: dict[str, Any] = {"model": MODEL, "max_tokens": 100, "stream": True}
+        body: dict[str, Any] = {"model": MODEL, "max_tokens": 40, "stream": True}
         body["messages"] = [{"role": "user", "content": "long"}]
         url = through.envoy.url + "/v1/chat/completions"
         async with through.session.post(url, json=body) as long_stream:

@@ -178,7 +178,7 @@ class Envoy:
             "--config-path", str(self.config_path),
             "--concurrency", "1",
             "--use-dynamic-base-id",
-            "--log-level", "info",
+            "--log-level", "warning",
             *extra,
         ]  # fmt: skip
 
@@ -199,9 +199,10 @@ class Envoy:
             )
         try:
             await wait_until(self._ready, timeout=20.0, what=f"Envoy ready on {self.admin_url}")
+            if self._process.returncode is not None:
+                raise RuntimeError(f"Envoy exited with {self._process.returncode}: {self.log()}")
         except BaseException:
             await self.stop()
-            print(self.log())
             raise
         return self
 
@@ -211,8 +212,9 @@ class Envoy:
             print(f"Envoy's log ({self.log_path}):\n{self.log()}")
 
     async def _ready(self) -> bool:
+        """Whether its admin says it is ready, or it has ended (there is no waiting for it)."""
         if self._process is not None and self._process.returncode is not None:
-            raise RuntimeError(f"Envoy exited with {self._process.returncode}: {self.log()}")
+            return True
         timeout = aiohttp.ClientTimeout(total=1.0)
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
