@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import grpc
+
 from headcount._http.acceptor import ClientListener
 from headcount._http.resolve import Resolver, pinned_first
 from headcount._http.resources import raise_open_file_limit, release_large_allocations
@@ -57,6 +59,7 @@ from headcount.flow.control import FlowControl
 from headcount.flow.limits import LimitsStore
 from headcount.flow.redis_store import RedisStore
 from headcount.flow.window import MemoryStore
+from headcount.gateway import build_picker, picker_credentials
 from headcount.probe.prober import Prober
 from headcount.proxy import Proxy, start_local_server, start_server
 from headcount.routing import Policy, make_policy
@@ -102,10 +105,12 @@ class Router:
         sources: Sequence[DiscoverySource],
         kv: KvWiring | None = None,
         engine_tls: EngineTls | None = None,
+        picker_tls: grpc.ServerCredentials | None = None,
     ) -> None:
         """`kv`: the indexes and tokenizer of `--routing kv-aware` (`build_kv_wiring`).
         `engine_tls`: the context for https engines (`serve` builds it off the event loop);
-        None: built here from `settings.engine_tls`."""
+        None: built here from `settings.engine_tls`. `picker_tls`: the endpoint picker's TLS
+        (likewise; None: built here when `--ext-proc-tls-cert` asks for it)."""
         self.settings = settings
         self.fleet = fleet
         self.sources = list(sources)
@@ -153,6 +158,9 @@ class Router:
             flow=self.flow,
             engine_tls=tls,
         )
+        self.picker = build_picker(
+            settings.server, self.proxy, self.admin.report, picker_tls, self.supervisor.run
+        )
 
     def _local_problems(self) -> list[str]:
         """The router's own troubles for `/health`: resources it ran out of, and a limits
@@ -174,14 +182,16 @@ class Router:
         """Serve until `stop` is set, then drain and return; `hurry` set cuts the drain short."""
         server_settings = self.settings.server
         await self.auth.load()
-        try:
-            server = await start_server(self.proxy, server_settings.host, server_settings.port)
-        except OSError as exc:
-            await self._close_unstarted_sources()
-            raise ConfigError(
-                f"cannot listen on {server_settings.host}:{server_settings.port}: "
-                f"{exc.strerror or exc}"
-            ) from None
+        server = None
+        if server_settings.port is not None:
+            try:
+                server = await start_server(self.proxy, server_settings.host, server_settings.port)
+            except OSError as exc:
+                await self._close_unstarted_sources()
+                raise ConfigError(
+                    f"cannot listen on {server_settings.host}:{server_settings.port}: "
+                    f"{exc.strerror or exc}"
+                ) from None
         admin_port = server_settings.admin_port
         if admin_port is not None:
             try:
@@ -189,7 +199,8 @@ class Router:
                     self.proxy, self.admin.handle_admin, server_settings.host, admin_port
                 )
             except OSError as exc:
-                server.close()
+                if server is not None:
+                    server.close()
                 await self._close_unstarted_sources()
                 raise ConfigError(f"--admin-port {admin_port}: {exc.strerror or exc}") from None
             log.info("admin endpoints on http://%s:%d", server_settings.host, admin_port)
@@ -211,9 +222,10 @@ class Router:
                 supervise=self.supervisor.run,
             )
         log.info(
-            "headcount listening on http://%s:%d (discovery %s, routing %s, data plane %s)",
-            server_settings.host,
-            server_settings.port,
+            "headcount listening on %s (discovery %s, routing %s, data plane %s)",
+            "no port of its own (--port off)"
+            if server_settings.port is None
+            else f"http://{server_settings.host}:{server_settings.port}",
             self.settings.discovery.mode.value,
             self.settings.proxy.routing.value,
             data_plane(),
@@ -236,10 +248,19 @@ class Router:
                         f"--grpc-health-port {server_settings.grpc_health_port}: {exc}"
                     ) from None
                 log.info("gRPC health (grpc.health.v1) on %s:%d", server_settings.host, port)
+            if self.picker is not None:
+                try:
+                    await self.picker.start()
+                except OSError as exc:
+                    flag = f"--ext-proc-port {server_settings.ext_proc_port}"
+                    raise ConfigError(f"{flag}: {exc}") from None
             await stop.wait()
             await self._drain_unless_hurried(server, hurry or asyncio.Event())
         finally:
-            server.close()
+            if server is not None:
+                server.close()
+            if self.picker is not None:
+                await self.picker.stop(0)
             if grpc_health is not None:
                 await grpc_health.stop()
             others = (prober, key_files, health_watch)
@@ -260,7 +281,9 @@ class Router:
             if close is not None:
                 await close()
 
-    async def _drain_unless_hurried(self, server: ClientListener, hurry: asyncio.Event) -> None:
+    async def _drain_unless_hurried(
+        self, server: ClientListener | None, hurry: asyncio.Event
+    ) -> None:
         drain = asyncio.ensure_future(self._drain(server))
         hurried = asyncio.ensure_future(hurry.wait())
         try:
@@ -272,7 +295,7 @@ class Router:
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
 
-    async def _drain(self, server: ClientListener) -> None:
+    async def _drain(self, server: ClientListener | None) -> None:
         health = self.settings.health
         self.shutting_down = True
         log.info(
@@ -280,9 +303,14 @@ class Router:
             health.drain_delay,
         )
         await asyncio.sleep(health.drain_delay)
-        server.close()
+        if server is not None:
+            server.close()
         self.proxy.begin_drain()
-        if await self.proxy.wait_idle(health.drain_timeout):
+        picker = self.picker
+        stopped = asyncio.sleep(0) if picker is None else picker.stop(health.drain_timeout)
+        # streams through the picker get the same time to end as the router's own requests
+        idle, _ = await asyncio.gather(self.proxy.wait_idle(health.drain_timeout), stopped)
+        if idle:
             log.info("drained: no request in flight")
         else:
             log.warning(
@@ -409,7 +437,12 @@ async def serve(settings: Settings) -> None:
     if settings.proxy.routing is RoutingName.KV_AWARE:
         kv = await build_kv_wiring(settings.kv_events, fleet)
     tls = await asyncio.to_thread(build_engine_tls, settings.engine_tls)
-    router = Router(settings, fleet, await build_sources(settings, fleet), kv, tls)
+    cert, key = settings.server.ext_proc_tls_cert, settings.server.ext_proc_tls_key
+    picker_tls = None
+    if cert is not None and key is not None:
+        picker_tls = await asyncio.to_thread(picker_credentials, cert, key)
+    sources = await build_sources(settings, fleet)
+    router = Router(settings, fleet, sources, kv, tls, picker_tls)
     loop.add_signal_handler(signal.SIGHUP, router.auth.reload_soon)
     gc.freeze()
     await router.run(stop, hurry)

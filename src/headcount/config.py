@@ -94,7 +94,9 @@ class LogFormat(enum.StrEnum):
 class ServerSettings:
     host: str = "0.0.0.0"
     """All interfaces: in a pod the kubelet probes and the Service reach the pod IP."""
-    port: int = 8080
+    port: int | None = 8080
+    """None (`--port off`): no OpenAI listener of the router's own, an endpoint picker only
+    (`ext_proc_port`), its health and metrics on `admin_port`."""
     grpc_health_port: int | None = None
     """Off by default; the standard grpc.health.v1 service for gRPC-probing platforms."""
     log_format: LogFormat = LogFormat.TEXT
@@ -103,6 +105,17 @@ class ServerSettings:
     """Off by default (everything on `port`, as before); set, `/engines`, `/metrics` and the
     health endpoints move to this port, which the Service need not expose, and `port`
     answers only the OpenAI API."""
+    ext_proc_port: int | None = None
+    """Off by default; set, the router is also a gateway's endpoint picker: Envoy's
+    `ExternalProcessor` gRPC service (with `grpc.health.v1`) on this port."""
+    ext_proc_tls_cert: Path | None = None
+    """PEM certificate chain for TLS on `ext_proc_port` (gateways speak TLS by default);
+    None: h2c."""
+    ext_proc_tls_key: Path | None = None
+    ext_proc_fallbacks: int = 0
+    """Endpoints named after the one picked, for the gateway to retry on. 0: the picked one
+    alone, as Envoy's ORIGINAL_DST cluster reads `x-gateway-destination-endpoint` as one
+    address."""
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -111,6 +124,34 @@ class ServerSettings:
             raise ConfigError(
                 f"--admin-port {self.admin_port} must differ from --port and --grpc-health-port"
             )
+        if self.ext_proc_port and self.ext_proc_port in (
+            self.port,
+            self.grpc_health_port,
+            self.admin_port,
+        ):
+            raise ConfigError(
+                f"--ext-proc-port {self.ext_proc_port} must differ from --port, "
+                "--grpc-health-port and --admin-port"
+            )
+        if self.port is None and self.ext_proc_port is None:
+            raise ConfigError("--port off needs --ext-proc-port: the router would serve nothing")
+        if self.port is None and self.admin_port is None:
+            raise ConfigError(
+                "--port off needs --admin-port: /health and /metrics have no other port"
+            )
+        if not 0 <= self.ext_proc_fallbacks <= 8:
+            raise ConfigError(f"--ext-proc-fallbacks {self.ext_proc_fallbacks}: use 0-8")
+        self._check_ext_proc_tls()
+
+    def _check_ext_proc_tls(self) -> None:
+        cert, key = self.ext_proc_tls_cert, self.ext_proc_tls_key
+        if (cert is None) != (key is None):
+            raise ConfigError("--ext-proc-tls-cert and --ext-proc-tls-key go together")
+        if cert is not None and self.ext_proc_port is None:
+            raise ConfigError("--ext-proc-tls-cert needs --ext-proc-port")
+        for flag, path in (("--ext-proc-tls-cert", cert), ("--ext-proc-tls-key", key)):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{flag} {path}: no such file")
 
 
 @dataclass(frozen=True)

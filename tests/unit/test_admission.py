@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from headcount._http.handler import Request
 from headcount.config import ProxySettings, RoutingName
 from headcount.fleet import Engine, EngineState
 from headcount.proxy.admission import Admission, Admitted, Refused
@@ -207,3 +208,28 @@ def test_kv_aware_refuses_a_model_nobody_serves_before_any_tokenizing() -> None:
         assert vocabulary.encoded == 0
         assert isinstance(decision, Refused), decision  # no engine's /tokenize awaited either
         assert decision.answer.status == 404 and error_code(decision) == "model_not_found"
+
+
+def within(body: bytes, *endpoints: str) -> Request:
+    asked = request(body)
+    asked.subset = frozenset(endpoints)
+    return asked
+
+
+def test_a_subset_hint_restricts_the_candidates_the_policy_sees() -> None:
+    fleet = fleet_of(
+        *(engine(name, "m", url=f"http://10.0.0.{n}:8000") for n, name in enumerate("abc", 1))
+    )
+    for _ in range(6):
+        decision = admit(within(chat(), "10.0.0.2:8000"), fleet, RoundRobin())
+        assert isinstance(decision, Admitted)
+        assert decision.engine.spec.name == "b"
+
+
+@pytest.mark.parametrize("endpoints", [(), ("10.0.0.9:8000",)])
+def test_a_subset_hint_with_no_candidate_in_it_is_503(endpoints: tuple[str, ...]) -> None:
+    fleet = fleet_of(engine("a", "m", url="http://10.0.0.1:8000"))
+    decision = admit(within(chat(), *endpoints), fleet, RoundRobin())
+    assert isinstance(decision, Refused)
+    assert decision.answer.status == 503 and decision.label == "m"
+    assert error_code(decision) == "no_engine_available"

@@ -27,6 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"kvindex", "discovery", "probe", "flow"}),
     frozenset({"routing", "surfaces"}),
     frozenset({"proxy"}),
+    frozenset({"gateway"}),
     frozenset({"app"}),
     frozenset({"cli"}),
 )

@@ -44,6 +44,7 @@ class Request:
         "method",
         "path",
         "query",
+        "subset",
         "target",
     )
 
@@ -72,6 +73,9 @@ class Request:
         self.identity: object = None
         """Who the head screen found the request comes from, for its handler (the data
         plane's business: its key's tenant); None when it noted nothing."""
+        self.subset: frozenset[str] | None = None
+        """The only engines (`host:port` each) the request may go to, as a gateway's subset
+        hint names them; None: any."""
 
 
 class ExchangeListener(Protocol):

@@ -70,10 +70,40 @@ def add_serve_arguments(parser: argparse.ArgumentParser, cgroup: Path = CGROUP_R
     )
     server.add_argument(
         "--port",
-        type=parse_port,
+        type=_port_or_off,
         default=server_d.port,
-        help="port of the OpenAI API, and of health and metrics unless --admin-port "
+        help="port of the OpenAI API, and of health and metrics unless --admin-port; off: "
+        f"none, an endpoint picker only (needs --ext-proc-port, --admin-port) "
         f"(default {server_d.port})",
+    )
+    server.add_argument(
+        "--ext-proc-port",
+        type=parse_port,
+        default=server_d.ext_proc_port,
+        help="be a gateway's endpoint picker: Envoy's ext_proc gRPC service (and grpc.health.v1) "
+        "on this port, 0 any free one (default: off)",
+    )
+    server.add_argument(
+        "--ext-proc-tls-cert",
+        type=Path,
+        default=server_d.ext_proc_tls_cert,
+        metavar="FILE",
+        help="PEM certificate chain: TLS on --ext-proc-port (default: off, h2c)",
+    )
+    server.add_argument(
+        "--ext-proc-tls-key",
+        type=Path,
+        default=server_d.ext_proc_tls_key,
+        metavar="FILE",
+        help="PEM private key of --ext-proc-tls-cert (default: off)",
+    )
+    server.add_argument(
+        "--ext-proc-fallbacks",
+        type=int,
+        default=server_d.ext_proc_fallbacks,
+        metavar="N",
+        help="name N more endpoints after the one picked, for the gateway to retry on "
+        f"(default {server_d.ext_proc_fallbacks}: Envoy's ORIGINAL_DST reads one address)",
     )
     server.add_argument(
         "--grpc-health-port",
@@ -611,6 +641,11 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _port_or_off(text: str) -> int | None:
+    """`--port`: a port, or `off` (no OpenAI listener)."""
+    return None if text.strip().lower() == "off" else parse_port(text)
+
+
 def _pinned_names(text: str) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -649,6 +684,10 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             log_format=LogFormat(ns.log_format),
             log_level=ns.log_level.upper(),
             admin_port=ns.admin_port,
+            ext_proc_port=ns.ext_proc_port,
+            ext_proc_tls_cert=ns.ext_proc_tls_cert,
+            ext_proc_tls_key=ns.ext_proc_tls_key,
+            ext_proc_fallbacks=ns.ext_proc_fallbacks,
         ),
         proxy=ProxySettings(
             routing=RoutingName(ns.routing),

@@ -12,6 +12,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from headcount.fleet.capacity import Capacity
 from headcount.fleet.outliers import NOT_EJECTED, Ejection
@@ -55,6 +56,14 @@ class EngineSpec:
     kv_events_port: int | None = None
     """Where its KV-event publisher listens (a pod annotation), None: the router's default."""
     kv_events_replay_port: int | None = None
+
+    def endpoint(self) -> str:
+        """`host:port`, as a gateway names an endpoint (the port implied by the scheme when
+        the URL gives none)."""
+        parts = urlsplit(self.url)
+        if parts.port is not None:
+            return parts.netloc.rpartition("@")[2]
+        return f"{parts.netloc.rpartition('@')[2]}:{443 if parts.scheme == 'https' else 80}"
 
     def probe_key(self) -> tuple[object, ...]:
         """The fields whose change requires a re-probe; other changes are bookkeeping."""

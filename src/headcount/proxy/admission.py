@@ -12,7 +12,9 @@ through `Policy.key_source`, its affinity key) is read by `payload.py`: on the
 loop for a body up to `inline_parse_max`, else in a worker process
 (`parsepool.py`, a `Later`), so that no body stalls the loop; the body itself
 is forwarded byte for byte. The policy then picks among
-`fleet.snapshot.candidates(model)`, a decision with no I/O (`_route`). Two paths say more
+`fleet.snapshot.candidates(model)`, a decision with no I/O (`_route`); for a request a
+gateway restricts (`Request.subset`, the endpoint picker's subset hint), among those of
+them the gateway allows, refused 503 when none is. Two paths say more
 than `model` and are read here first (`_admit_read_here`): an audio upload's
 `model` is a form field (`multipart.py`), and a Responses create naming a
 `previous_response_id` goes to the engine storing that response alone
@@ -54,6 +56,7 @@ from headcount.proxy.errors import (
     NOT_AN_OBJECT,
     ErrorAnswer,
     no_engine,
+    outside_subset,
     unroutable,
 )
 from headcount.proxy.headers import find_header
@@ -164,7 +167,8 @@ class Admission:
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
         if ticket is not None and prompt is not None:
             ticket.prompt = prompt
-        return _route((model, key), self._fleet, policy, self._kv, ticket=ticket)
+        subset = request.subset
+        return _route((model, key), self._fleet, policy, self._kv, ticket=ticket, subset=subset)
 
     def stored(self, response_id: str) -> Admitted | Refused:
         """`GET /v1/responses/{id}` and its cancel: to the engine storing the response, or the
@@ -218,8 +222,11 @@ class Admission:
             self._stored.count(engine)
             return Refused(refusal(engine, previous, stored, snapshot), model)
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, body, model)
+        fleet, policy, kv, subset = self._fleet, self._policy, self._kv, request.subset
         if not isinstance(engine, Engine):
-            return _route((model, None), self._fleet, self._policy, self._kv, ticket=ticket)
+            return _route((model, None), fleet, policy, kv, ticket=ticket, subset=subset)
+        if subset is not None and engine.spec.endpoint() not in subset:
+            return Refused(outside_subset(model), model)
         self._stored.count(FOLLOWED)
         return _select(model, None, (engine,), self._policy, self._kv, None, ticket, pinned=True)
 
@@ -235,9 +242,9 @@ class Admission:
             return await _decided(self._continuing(previous, model, request, None))
         flow = self._flow
         ticket = None if flow is None else ticket_of(flow, self._credentials, request, None, model)
-        return await _decided(
-            _route((model, None), self._fleet, self._policy, self._kv, ticket=ticket)
-        )
+        fleet, policy, kv, subset = self._fleet, self._policy, self._kv, request.subset
+        routed = _route((model, None), fleet, policy, kv, ticket=ticket, subset=subset)
+        return await _decided(routed)
 
     async def close(self) -> None:
         """Stop the body-parsing workers; a request still waiting for one is refused (503)."""
@@ -251,7 +258,8 @@ class Admission:
         ticket = None
         if flow is not None and not isinstance(read, str):
             ticket = ticket_of(flow, self._credentials, request, None, read[0])
-        return await _decided(_route(read, self._fleet, policy, self._kv, ticket=ticket))
+        routed = _route(read, self._fleet, policy, self._kv, ticket=ticket, subset=request.subset)
+        return await _decided(routed)
 
 
 _NO_HEADER: HeaderLookup = lambda _name: None  # noqa: E731
@@ -287,18 +295,34 @@ def _route(
     prompt: Sequence[int] | None = None,
     *,
     ticket: Ticket | None = None,
+    subset: frozenset[str] | None = None,
 ) -> Admitted | Refused | Later:
     """The policy's decision for a body already read (`read` is `payload`'s outcome); for
     the `kv-aware` policy (`kv`), with its prompt's token ids if known. No I/O; a wait only
-    for flow control (`ticket`). A refusal says why no engine is routable, as health judged."""
+    for flow control (`ticket`). A refusal says why no engine is routable, as health judged.
+    `subset`: the only engines the request may go to (`Request.subset`), None: any."""
     if isinstance(read, str):
         return _REFUSALS[read]
     model, key = read
+    candidates = _candidates(fleet, model, subset)
+    if isinstance(candidates, Refused):
+        return candidates
+    return _select(model, key, candidates, policy, kv, prompt, ticket)
+
+
+def _candidates(
+    fleet: Fleet, model: str, subset: frozenset[str] | None
+) -> Sequence[Engine] | Refused:
+    """The engines that may take a request for `model` (within `subset`), or why none may."""
     snapshot = fleet.snapshot
-    candidates = snapshot.candidates(model)
+    candidates: Sequence[Engine] = snapshot.candidates(model)
     if not candidates:
         return Refused(*unroutable(snapshot, model, fleet.unroutable_reason), model=model)
-    return _select(model, key, candidates, policy, kv, prompt, ticket)
+    if subset is not None:
+        candidates = [engine for engine in candidates if engine.spec.endpoint() in subset]
+        if not candidates:
+            return Refused(outside_subset(model), model)
+    return candidates
 
 
 def _select(
@@ -382,13 +406,13 @@ class _Prompts:
     ) -> Admitted | Refused | Later:
         """Route a body small enough to read here, asking an engine for its ids if need be;
         a model no engine takes is refused before any tokenizing."""
-        kv, body, snapshot = self._kv, payload.parse_request(request.body), fleet.snapshot
+        kv, body = self._kv, payload.parse_request(request.body)
         if isinstance(body, str):
             return _REFUSALS[body]
         model: str = body["model"]
-        candidates = snapshot.candidates(model)
-        if not candidates:
-            return Refused(*unroutable(snapshot, model, fleet.unroutable_reason), model=model)
+        candidates = _candidates(fleet, model, request.subset)
+        if isinstance(candidates, Refused):
+            return candidates
         ticket = None if flow is None else ticket_of(flow, credentials, request, body, model)
         kind = _PROMPT_KINDS.get(request.path)
         if kind is None:
@@ -419,5 +443,5 @@ class _Prompts:
             body_size=len(request.body),
             authorization=find_header(request.headers, b"authorization"),
         )
-        read = (body["model"], None)
-        return await _decided(_route(read, fleet, self._kv, self._kv, ids, ticket=ticket))
+        read, kv, subset = (body["model"], None), self._kv, request.subset
+        return await _decided(_route(read, fleet, kv, kv, ids, ticket=ticket, subset=subset))

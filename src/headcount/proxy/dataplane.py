@@ -94,7 +94,7 @@ from headcount.routing import Policy
 from headcount.surfaces.access_log import AccessLog
 from headcount.surfaces.metrics import UNKNOWN_MODEL, Metrics, whole
 
-__all__ = ["Proxy", "start_local_server", "start_server"]
+__all__ = ["Proxy", "key_refusal", "start_local_server", "start_server"]
 
 _log = logging.getLogger(__name__)
 
@@ -208,6 +208,28 @@ class Proxy:
     def in_flight(self) -> int:
         """Client requests received and not yet answered, proxied or local."""
         return self._connections.active
+
+    @property
+    def admission(self) -> Admission:
+        """The one admission path, shared with the endpoint picker (`gateway/`)."""
+        return self._admission
+
+    @property
+    def credentials(self) -> Credentials:
+        return self._credentials
+
+    @property
+    def access(self) -> AccessLog:
+        return self._context.access
+
+    @property
+    def passthrough(self) -> bool:
+        """Whether other `/v1/` POSTs go to engines too (`paths.passes_through`)."""
+        return self._passthrough
+
+    def new_request_id(self) -> bytes:
+        """A fresh `x-request-id` for a request that came without one."""
+        return self._new_request_id()
 
     @property
     def connections(self) -> ConnectionRegistry:
@@ -417,7 +439,7 @@ class Proxy:
         self._refuse(request, responder, refused, loop.time())
 
     def _unauthorized(self, request: Request, responder: Responder) -> None:
-        refused = _MISSING_KEY if bearer_token(request.headers) is None else _INVALID_KEY
+        refused = key_refusal(request.headers)
         loop = self._loop or asyncio.get_running_loop()
         self._refuse(request, responder, refused, loop.time())
 
@@ -438,6 +460,11 @@ class Proxy:
         if access.wants(True):  # no refusal is a 2xx
             model = refused.model or refused.label
             access.write(refusal_entry(request, request_id, model, status, duration, len(body)))
+
+
+def key_refusal(headers: list[tuple[bytes, bytes]]) -> Refused:
+    """The 401 for a request with no key, or with none of ours."""
+    return _MISSING_KEY if bearer_token(headers) is None else _INVALID_KEY
 
 
 async def start_server(

@@ -27,6 +27,7 @@ __all__ = [
     "NOT_AN_OBJECT",
     "ErrorAnswer",
     "no_engine",
+    "outside_subset",
     "overloaded",
     "unroutable",
     "upstream_failed",
@@ -86,6 +87,11 @@ INVALID_API_KEY = _answer(401, "invalid API key", "invalid_request_error", "inva
 
 def no_engine(message: str) -> ErrorAnswer:
     return _answer(503, message, "service_unavailable", "no_engine_available")
+
+
+def outside_subset(model: str) -> ErrorAnswer:
+    """No engine for `model` among those a gateway allows (the endpoint picker's subset hint)."""
+    return no_engine(f"no engine serving `{model}` is among the endpoints the gateway allows")
 
 
 def overloaded(message: str) -> ErrorAnswer:
