@@ -281,6 +281,8 @@ async def test_with_headcount_down_envoy_answers_at_once_as_its_failure_mode_say
 async def test_round_robin_requests_land_on_each_engine_headcount_picked(tmp_path: Path) -> None:
     async with gateway(tmp_path, engine_configs("127.0.21", 3), static_flags()) as through:
         served = [await through.served() for _ in range(6)]
+        assert await through.envoy.stat("cluster.headcount_picker.health_check.success") >= 1
+        assert await through.envoy.stat("cluster.headcount_picker.membership_healthy") == 1
     assert sorted(served) == ["a", "a", "b", "b", "c", "c"]
 
 
