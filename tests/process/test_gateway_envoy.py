@@ -566,3 +566,33 @@ async def test_envoy_refuses_a_picker_whose_certificate_it_does_not_trust(tmp_pa
         assert answer.status == 500, answer
         assert answer.engine is None
         assert await through.envoy.stat("cluster.headcount_picker.ssl.fail_verify_error") >= 1
+
+
+# ---------------------------------------------------------------- the gateway overlay's mode
+
+
+async def test_the_pools_picker_follows_a_selector_change_behind_envoy(tmp_path: Path) -> None:
+    """As deploy/overlays/gateway runs it: `--discovery inference-pool`, `--port off`."""
+    first_ip, second_ip = hosts("127.0.36", 2)
+    async with sim_cluster(tmp_path, [first_ip, second_ip], namespace="llm") as cluster:
+        for name, ip, group in (("first", first_ip, "one"), ("second", second_ip, "two")):
+            await cluster.start_engine(name, ip, model=MODEL)
+            cluster.apply_pod(name, ip, model=MODEL, labels={"group": group})
+        cluster.apply_inference_pool("engines", match_labels={"group": "one"})
+        flags = replace(cluster.pool_router_flags("engines", FAST), routing=RoutingName.ROUND_ROBIN)
+        async with gateway(tmp_path, [], flags, expected=1, alone=True) as through:
+            through.engines.update(cluster.engines)
+            assert [await through.served() for _ in range(3)] == ["first"] * 3
+            cluster.patch_inference_pool(
+                "engines", {"spec": {"selector": {"matchLabels": {"group": "two"}}}}
+            )
+
+            async def moved() -> bool:
+                engines = await through.router.client.engines()
+                return [engine["url"] for engine in engines] == [cluster.engines["second"].url]
+
+            await wait_until(moved, timeout=TIMEOUT, what="the fleet moved to the new selector")
+            await wait_until(
+                lambda: all_ready(through.router, 1), timeout=TIMEOUT, what="second ready"
+            )
+            assert [await through.served() for _ in range(3)] == ["second"] * 3
