@@ -426,7 +426,8 @@ async def test_a_stream_reaches_the_client_token_by_token_through_envoy(
     tmp_path: Path, buffered: bool
 ) -> None:
     """The first chunk arrives while the engine is still generating (20 tokens, 0.1 s each),
-    whether the response body passes through headcount (full duplex) or not (skipped)."""
+    whether the response body passes through headcount (full duplex) or is skipped (the
+    picker's `mode_override`, which Envoy honours with BUFFERED and STREAMED)."""
     engines = engine_configs("127.0.27", 1, token_delay=0.1)
     config = BUFFERED if buffered else None
     async with gateway(tmp_path, engines, static_flags(), config) as through:
@@ -439,10 +440,15 @@ async def test_a_stream_reaches_the_client_token_by_token_through_envoy(
             first_at = time.monotonic() - started
             rest = await r.read()
         ended_at = time.monotonic() - started
+        sent = await through.envoy.stat("http.inference.ext_proc.stream_msgs_sent")
     assert first.startswith(b"data: ")
     assert b"data: [DONE]" in rest
     assert ended_at >= 2.0, "the engine generated 20 tokens at 0.1 s each"
     assert first_at < 1.0, f"the first chunk came after {first_at:.2f} s: buffered"
+    if buffered:
+        assert sent == 3, "request headers, request body, response headers: the rest skipped"
+    else:
+        assert sent > 20, "every chunk of the answer goes through headcount"
 
 
 # ---------------------------------------------------------------- engines that go away
