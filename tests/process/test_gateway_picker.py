@@ -137,8 +137,12 @@ async def test_the_picked_endpoint_is_a_live_engine_for_every_policy(
                     for a in answers[1:]
                 )
                 assert echoed == body  # the body passes on unchanged
-            await call.respond(200, header)
-            await call.response_body(b'{"choices": []}')
+            head = await call.respond(200, header)
+            assert head.HasField("mode_override")  # nothing needs the response body
+            echo = await call.response_body(b'{"choices": []}')
+            if mode == FULL_DUPLEX:  # Envoy ignores the override then: the body is echoed
+                streamed = echo.response_body.response.body_mutation.streamed_response
+                assert (streamed.body, streamed.end_of_stream) == (b'{"choices": []}', True)
             await call.close()
 
 
@@ -432,3 +436,21 @@ async def test_flow_control_refuses_429_and_settles_the_usage_the_answer_reports
         assert 'headcount_tenant_tokens_total{kind="completion",tenant="capped"} 5.0' in text, [
             line for line in text.splitlines() if "tenant_tokens" in line
         ]
+
+
+async def test_a_stored_response_is_found_on_the_engine_that_answered_its_create(
+    tmp_path: Path,
+) -> None:
+    async with engines(3) as sims, picker(tmp_path, [s.url for s in sims]) as (process, _):
+        call = process.call()
+        create = json.dumps({"model": MODEL, "input": "hi"}).encode()
+        answers = await call.request(create, path="/v1/responses")
+        creator = destination(answers[0])[0]
+        head = await call.respond(200, creator)
+        assert not head.HasField("mode_override")  # the id is read from the body
+        await call.response_body(b'{"id":"resp_0123456789abcdef","object":"response"}')
+        await call.close()
+        for _ in range(3):
+            call = process.call()
+            await call.send_headers("/v1/responses/resp_0123456789abcdef", method="GET", end=True)
+            assert destination(await call.read()) == (creator, creator)
