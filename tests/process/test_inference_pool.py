@@ -286,18 +286,8 @@ async def test_build_k8s_source_builds_an_inference_pool_source(
 # --- the router as a real process ---------------------------------------------------------------
 
 MODEL = "sim-model"
-ROUTER_TIMINGS = Timings(
-    probe_interval=0.5,
-    backoff_initial=0.05,
-    backoff_max=0.5,
-    api_request_timeout=1,
-    api_connect_timeout=0.5,
-    watch_idle_timeout=2,
-    connect_timeout=0.3,
-    drain_delay=0,
-    drain_timeout=2,
-)
-"""Small enough for a test to see recoveries within seconds; the idle timeout is 4 bookmarks."""
+ROUTER_TIMINGS = Timings(probe_interval=0.2, drain_delay=0, backoff_initial=0.05, backoff_max=0.5)
+"""Probes and back-off short enough for a test to see recoveries within seconds."""
 
 
 async def reasons(router: RouterProcess) -> list[str]:
@@ -328,6 +318,9 @@ async def test_the_router_waits_for_its_pool_then_routes_to_it_and_drops_a_ghost
             both = {"stays-rank-0", "goes-rank-0"}
             await wait_until(lambda: _equals(ready_engines(router), both), what="both ready")
             assert (await router.client.chat(MODEL))[0] == 200
+            stays = (await router.client.engines_by_name())["stays-rank-0"]
+            assert (stays["source"], stays["object"]) == ("inference-pool", "pod/llm/stays")
+            assert stays["url"] == f"http://{stays_ip}:{cluster.port}"
             await cluster.api.refuse()
             await wait_until(
                 lambda: _source_is(router, "watch_connected", False), what="the router blind"
@@ -343,6 +336,12 @@ async def test_the_router_waits_for_its_pool_then_routes_to_it_and_drops_a_ghost
             assert (source["name"], source["kind"]) == ("inference-pool", "inference-pool")
             assert source["removed_by_relist"] == 1
             assert source["watches"]["resources"] == ["pods", "inferencepools"]
+            nothing = {"spec": {"selector": {"matchLabels": {"app": "none"}}}}
+            cluster.patch_inference_pool("llama", nothing)
+            unselected = "no routable engine: no pods match selector app=none in namespace llm"
+            await wait_until(
+                lambda: _contains(reasons(router), unselected), what="/health naming the selector"
+            )
             cluster.delete_inference_pool("llama")
             await wait_until(
                 lambda: _contains(reasons(router), missing), what="/health naming the pool again"
@@ -359,3 +358,19 @@ async def _equals(found: Awaitable[set[str]], expected: set[str]) -> bool:
 
 async def _source_is(router: RouterProcess, key: str, value: object) -> bool:
     return bool((await router.client.health())["sources"][0][key] == value)
+
+
+async def test_a_malformed_pod_is_skipped_and_its_neighbours_kept(
+    api: ApiServerSim, tmp_path: Path
+) -> None:
+    broken = make_pod("broken", labels=LLAMA, ip="10.0.0.1")
+    broken["status"]["podIP"] = "not-an-address"
+    api.apply_pod(broken)
+    api.apply_pod(make_pod("good", labels=LLAMA, ip="10.0.0.2"))
+    apply_pool(api)
+    async with discovery(api, tmp_path) as (source, fleet):
+        assert urls(fleet) == {"default/good-rank-0": "http://10.0.0.2:8000"}
+        assert source.status.not_engine_counts() == {"malformed": 1}
+        apply_pool(api, ports=(8000, 8001))
+        await wait_until(lambda: len(urls(fleet)) == 2, what="the good pod on both ports")
+        assert source.status.last_error is None

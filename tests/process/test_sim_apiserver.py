@@ -555,9 +555,26 @@ async def test_discovery_documents_describe_the_served_resources(
     assert pods["kind"] == "Pod" and pods["namespaced"] and pods["shortNames"] == ["po"]
     assert {"get", "list", "watch"} <= set(pods["verbs"])
     groups = await get_json(http, f"{sim.url}/apis")
-    assert [g["name"] for g in groups["groups"]] == ["discovery.k8s.io"]
+    assert [g["name"] for g in groups["groups"]] == [
+        "discovery.k8s.io",
+        "inference.networking.k8s.io",
+    ]
     group = await get_json(http, f"{sim.url}/apis/discovery.k8s.io/v1")
     assert [r["kind"] for r in group["resources"]] == ["EndpointSlice"]
+    inference = await get_json(http, f"{sim.url}/apis/inference.networking.k8s.io")
+    assert inference["preferredVersion"] == {
+        "groupVersion": "inference.networking.k8s.io/v1",
+        "version": "v1",
+    }
+    pools = await get_json(http, f"{sim.url}/apis/inference.networking.k8s.io/v1")
+    [pool] = pools["resources"]
+    assert (pool["name"], pool["kind"], pool["namespaced"]) == (
+        "inferencepools",
+        "InferencePool",
+        True,
+    )
+    assert pool["shortNames"] == ["infpool"]
+    assert {"get", "list", "watch", "create", "update", "patch", "delete"} <= set(pool["verbs"])
 
 
 async def test_table_output_for_kubectl(sim: ApiServerSim, http: aiohttp.ClientSession) -> None:

@@ -166,3 +166,16 @@ def test_first_sync_not_done_says_what_the_attempts_found() -> None:
 
 def test_the_reason_no_engine_is_routable_is_empty_when_one_is() -> None:
     assert judge(synced_source(100.0), now=101.0).no_engine == ""
+
+
+def test_what_a_source_is_missing_is_the_reason_no_engine_is_routable() -> None:
+    source = synced_source(0.0)
+    source.missing = "inference pool llama not found in namespace llm"
+    empty = Fleet(unhealthy_after=PROBE.unhealthy_after).snapshot
+    report = judge(source, now=1.0, snapshot=empty)
+    assert report.no_engine == "inference pool llama not found in namespace llm"
+    assert (
+        "no routable engine: inference pool llama not found in namespace llm"
+        in (report.body["reasons"])
+    )
+    assert report.body["sources"][0]["missing"] == source.missing

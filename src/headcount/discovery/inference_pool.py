@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from headcount.clock import Clock, Sleep
 from headcount.config import EngineScheme
 from headcount.discovery.isolation import Isolation
+from headcount.discovery.joined import Joined, Side
 from headcount.discovery.listwatch import KubeObject, ListerWatcher
 from headcount.discovery.pods import (
     apply_engines,
@@ -34,8 +35,8 @@ from headcount.discovery.pods import (
     pod_engine,
     reconcile_observed,
 )
-from headcount.discovery.reflector import Reflector, ReflectorTiming
-from headcount.discovery.source import NotAnEngine, SourceStatus, Watched, merge_statuses
+from headcount.discovery.reflector import ReflectorTiming
+from headcount.discovery.source import NotAnEngine, SourceStatus, Watched
 from headcount.fleet import EngineSpec, Fleet
 from headcount.pool_spec import PoolTarget, pool_target
 
@@ -102,52 +103,24 @@ class InferencePoolSource:
         self._isolation = Isolation(name)
         self._target: PoolTarget | None = None
         self._pods: dict[str, KubeObject] = {}
-        self._pools_listed = False
-        self._pods_listed = False
-        self._parts = (
-            SourceStatus(name=f"{name}/inferencepools", kind="inference-pool"),
-            SourceStatus(name=f"{name}/pods", kind="inference-pool"),
-        )
         self._set_target(None, f"inference pool {pool} not listed yet in namespace {namespace}")
-        common: dict[str, Any] = {
-            "timing": timing,
-            "on_status": self._merge_status,
-            "clock": clock,
-            "sleep": sleep,
-        }
-        self._reflectors = (
-            Reflector(
-                pools,
-                status=self._parts[0],
-                on_list=self._on_pools_list,
-                on_event=self._on_pool_event,
-                label_selector="",
-                **common,
+        self._joined = Joined(
+            self.status,
+            (
+                Side("inferencepools", pools, "", self._on_pools_list, self._on_pool_event),
+                Side("pods", pods, label_selector, self._on_pods_list, self._on_pod_event),
             ),
-            Reflector(
-                pods,
-                status=self._parts[1],
-                on_list=self._on_pods_list,
-                on_event=self._on_pod_event,
-                label_selector=label_selector,
-                **common,
-            ),
+            timing=timing,
+            clock=clock,
+            sleep=sleep,
         )
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for reflector in self._reflectors:
-                group.create_task(reflector.run())
-
-    @property
-    def _joined(self) -> bool:
-        """Both sides listed once: before that the pool's members are unknown."""
-        return self._pools_listed and self._pods_listed
+        await self._joined.run()
 
     def _on_pools_list(self, pools: list[KubeObject]) -> None:
         named = [pool for pool in pools if pool["metadata"].get("name") == self._pool]
         self._read_pool(named[0] if named else None)
-        self._pools_listed = True
         self._reconcile()
 
     def _on_pool_event(self, kind: str, pool: KubeObject) -> None:
@@ -163,7 +136,6 @@ class InferencePoolSource:
         self._pods = {}
         for pod in pods:
             self._isolation.apply(self._store_pod, pod)
-        self._pods_listed = True
         self._reconcile()
 
     def _on_pod_event(self, kind: str, pod: KubeObject) -> None:
@@ -173,7 +145,7 @@ class InferencePoolSource:
         else:
             self._pods[uid] = pod
         target = self._target
-        if not self._joined or target is None:
+        if not self._joined.listed or target is None:
             return
         observed = None if kind == "DELETED" else self._observe(pod, target)
         gone = deleted_reason(pod, "pod")
@@ -210,8 +182,8 @@ class InferencePoolSource:
 
     def _observe(self, pod: KubeObject, target: PoolTarget) -> _Observed | None:
         """The pod's engines, or why it has none; None when the pool does not select it."""
-        labels = pod["metadata"].get("labels") or {}
-        if not target.selects(labels):
+        selected = self._isolation.apply(lambda each: target.selects(_labels(each)), pod)
+        if selected is False:
             return None
         engines = self._isolation.apply(
             lambda each: pool_engines(each, target, source=self.status.name, scheme=self._scheme),
@@ -223,21 +195,19 @@ class InferencePoolSource:
 
     def _reconcile(self, cause: str | None = None) -> None:
         """A LIST on either side, or the pool changed: the fleet made equal to the join."""
-        if not self._joined:
+        if not self._joined.listed:
             return
+        observed: list[EngineSpec | NotAnEngine] = []
         target = self._target
-        observed = [] if target is None else self._observe_all(self._pods.values(), target)
-        flat: list[EngineSpec | NotAnEngine] = []
-        for each in observed:
-            flat.extend(each if isinstance(each, list) else [each])
-        reconcile_observed(self._fleet, self.status, flat, cause)
+        if target is not None:
+            for pod in self._pods.values():
+                each = self._observe(pod, target)
+                observed.extend(each if isinstance(each, list) else [] if each is None else [each])
+        reconcile_observed(self._fleet, self.status, observed, cause)
 
-    def _observe_all(self, pods: Iterable[KubeObject], target: PoolTarget) -> list[_Observed]:
-        return [
-            observed
-            for observed in (self._observe(pod, target) for pod in pods)
-            if observed is not None
-        ]
 
-    def _merge_status(self) -> None:
-        merge_statuses(self.status, self._parts)
+def _labels(pod: KubeObject) -> Mapping[str, Any]:
+    labels = pod["metadata"].get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise TypeError(f"metadata.labels is a {type(labels).__name__}, not a map")
+    return labels

@@ -44,7 +44,7 @@ from headcount.discovery.isolation import Isolation
 from headcount.discovery.listwatch import KubeObject, ListerWatcher, WatchEvent, object_key
 from headcount.discovery.source import SourceStatus
 
-__all__ = ["Reflector", "ReflectorTiming"]
+__all__ = ["OnEvent", "OnList", "Reflector", "ReflectorTiming"]
 
 _log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from typing import Any
 from headcount.clock import Clock, Sleep
 from headcount.config import EngineScheme
 from headcount.discovery.isolation import Isolation
+from headcount.discovery.joined import Joined, Side
 from headcount.discovery.listwatch import KubeObject, ListerWatcher
 from headcount.discovery.pods import (
     apply_observed,
@@ -31,8 +32,8 @@ from headcount.discovery.pods import (
     not_an_engine,
     reconcile_observed,
 )
-from headcount.discovery.reflector import Reflector, ReflectorTiming
-from headcount.discovery.source import NotAnEngine, SourceStatus, Watched, merge_statuses
+from headcount.discovery.reflector import ReflectorTiming
+from headcount.discovery.source import NotAnEngine, SourceStatus, Watched
 from headcount.fleet import EngineSpec, Fleet
 
 __all__ = ["SERVICE_NAME_LABEL", "ServiceSource", "service_to_spec", "unroutable_reason"]
@@ -165,52 +166,36 @@ class ServiceSource:
         self._services: dict[str, KubeObject] = {}
         self._slices: dict[str, KubeObject] = {}
         self._slices_of: dict[str, set[str]] = {}
-        self._services_listed = False
-        self._slices_listed = False
-        self._parts = (
-            SourceStatus(name=f"{name}/services", kind="k8s-services"),
-            SourceStatus(name=f"{name}/endpointslices", kind="k8s-services"),
-        )
-        common: dict[str, Any] = {
-            "timing": timing,
-            "on_status": self._merge_status,
-            "clock": clock,
-            "sleep": sleep,
-        }
-        self._reflectors = (
-            Reflector(
-                services,
-                status=self._parts[0],
-                on_list=self._on_services_list,
-                on_event=self._on_service_event,
-                label_selector=label_selector,
-                **common,
+        self._joined = Joined(
+            self.status,
+            (
+                Side(
+                    "services",
+                    services,
+                    label_selector,
+                    self._on_services_list,
+                    self._on_service_event,
+                ),
+                Side(
+                    "endpointslices",
+                    endpoint_slices,
+                    SERVICE_NAME_LABEL,
+                    self._on_slices_list,
+                    self._on_slice_event,
+                ),
             ),
-            Reflector(
-                endpoint_slices,
-                status=self._parts[1],
-                on_list=self._on_slices_list,
-                on_event=self._on_slice_event,
-                label_selector=SERVICE_NAME_LABEL,
-                **common,
-            ),
+            timing=timing,
+            clock=clock,
+            sleep=sleep,
         )
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            for reflector in self._reflectors:
-                group.create_task(reflector.run())
-
-    @property
-    def _joined(self) -> bool:
-        """Both sides listed once: before that a Service's readiness is unknown."""
-        return self._services_listed and self._slices_listed
+        await self._joined.run()
 
     def _on_services_list(self, services: list[KubeObject]) -> None:
         self._services = {}
         for service in services:
             self._isolation.apply(self._store_service, service)
-        self._services_listed = True
         self._reconcile()
 
     def _on_slices_list(self, slices: list[KubeObject]) -> None:
@@ -218,7 +203,6 @@ class ServiceSource:
         self._slices_of = {}
         for endpoint_slice in slices:
             self._isolation.apply(self._store_slice, endpoint_slice)
-        self._slices_listed = True
         self._reconcile()
 
     def _on_service_event(self, kind: str, service: KubeObject) -> None:
@@ -289,7 +273,7 @@ class ServiceSource:
 
     def _reconcile(self) -> None:
         """A LIST on either side: make the fleet equal to the join, count what it removed."""
-        if not self._joined:
+        if not self._joined.listed:
             return
         engines = [self._engine(service) for service in self._services.values()]
         reconcile_observed(self._fleet, self.status, engines)
@@ -297,11 +281,8 @@ class ServiceSource:
     def _refresh(self, service_name: str) -> None:
         """An event on either side: recompute one Service's engine."""
         service = self._services.get(service_name)
-        if service is None or not self._joined:
+        if service is None or not self._joined.listed:
             return
         apply_observed(
             self._fleet, self.status, str(service["metadata"]["uid"]), self._engine(service)
         )
-
-    def _merge_status(self) -> None:
-        merge_statuses(self.status, self._parts)

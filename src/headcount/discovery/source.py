@@ -11,11 +11,10 @@ visible to them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["DiscoverySource", "NotAnEngine", "SourceStatus", "Watched", "merge_statuses"]
+__all__ = ["DiscoverySource", "NotAnEngine", "SourceStatus", "Watched"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +26,8 @@ class Watched:
     namespace: str | None = None
     label_selector: str | None = None
     also: tuple[str, ...] = ()
-    """Other resources read beside it (`endpointslices` for Services)."""
+    """Other resources read beside it (`endpointslices` for Services, `inferencepools` for
+    the pods of a pool)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class SourceStatus:
 
     name: str
     kind: str
-    """`static`, `k8s-pods`, `k8s-services`."""
+    """`static`, `k8s-pods`, `k8s-services`, `inference-pool`."""
     synced: bool = False
     """The first full LIST was applied to the fleet."""
     last_list_success: float | None = None
@@ -111,32 +111,3 @@ class DiscoverySource(Protocol):
     async def run(self) -> None:
         """Run until cancelled; never returns on its own, never raises on API errors."""
         ...
-
-
-def merge_statuses(merged: SourceStatus, parts: Sequence[SourceStatus]) -> None:
-    """A source joining several reflectors (`parts`) is as fresh as its stalest one, and
-    connected when all are: `merged`'s freshness fields are set from the parts'."""
-    merged.synced = all(part.synced for part in parts)
-    merged.last_list_success = _oldest(part.last_list_success for part in parts)
-    merged.last_event = _oldest(part.last_success for part in parts)
-    merged.last_attempt_started = _oldest(part.last_attempt_started for part in parts)
-    merged.last_attempt_finished = _oldest(part.last_attempt_finished for part in parts)
-    merged.watch_connected = all(part.watch_connected for part in parts)
-    merged.relists = sum((part.relists for part in parts), Counter())
-    errors = [f"{part.name}: {part.last_error}" for part in parts if part.last_error]
-    merged.last_error = "; ".join(errors) or None
-    failing = [part.failing_since for part in parts if part.failing_since is not None]
-    merged.failing_since = min(failing, default=None)
-    merged.api_unreachable = any(part.api_unreachable for part in parts)
-    merged.resource_version = ",".join(
-        f"{part.name.rsplit('/', 1)[-1]}={part.resource_version}" for part in parts
-    )
-    merged.wall_last_sync = _oldest(part.wall_last_sync for part in parts)
-
-
-def _oldest(times: Iterable[float | None]) -> float | None:
-    """The oldest time, or None if any side has none yet."""
-    values = list(times)
-    if any(value is None for value in values):
-        return None
-    return min(value for value in values if value is not None)
