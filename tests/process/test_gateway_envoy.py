@@ -30,7 +30,7 @@ from headcount.sim.cluster import RouterFlags, RouterProcess, Timings, hosts, si
 from headcount.sim.engine import EngineSimConfig, SimEngine, running_engine
 from headcount.sim.engine.kv_events_config import KvEventsConfig
 from headcount.sim.loopback import free_port, free_port_on_all
-from tests.support import wait_until
+from tests.support import blackholed_listener, wait_until
 from tests.support.envoy import (
     FULL_DUPLEX,
     PICKED,
@@ -604,3 +604,23 @@ async def test_the_pools_picker_follows_a_selector_change_behind_envoy(tmp_path:
                 lambda: all_ready(through.router, 1), timeout=TIMEOUT, what="second ready"
             )
             assert [await through.served() for _ in range(3)] == ["second"] * 3
+
+
+async def test_with_headcount_hung_envoy_answers_within_its_connect_timeout(
+    tmp_path: Path,
+) -> None:
+    """A picker that never accepts (its accept queue full): the cluster's connect timeout (2 s)
+    ends the wait, FailClose answers 500, the request does not hang."""
+    with blackholed_listener() as port:
+        config = GatewayConfig(picker_port=port)
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT)
+        async with (
+            Envoy(config, tmp_path) as envoy,
+            aiohttp.ClientSession(timeout=timeout) as session,
+        ):
+            started = time.monotonic()
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            async with session.post(envoy.url + "/v1/chat/completions", json=body) as response:
+                await response.read()
+                assert response.status == 500
+            assert time.monotonic() - started < 4.0
