@@ -370,3 +370,40 @@ def test_a_label_selector_the_api_server_would_refuse_is_a_bad_flag(selector: st
 @pytest.mark.parametrize("selector", ["", "app=", "app in (a,b),!tier", "m notin (x), app==v"])
 def test_a_label_selector_the_api_server_accepts_is_accepted(selector: str) -> None:
     assert DiscoverySettings(label_selector=selector).label_selector == selector
+
+
+def test_picker_flags_fill_the_server_settings(tmp_path: Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("c")
+    key.write_text("k")
+    server = parse(
+        "--backends=http://127.0.0.1:1",
+        "--port=off",
+        "--admin-port=9090",
+        "--ext-proc-port=9002",
+        f"--ext-proc-tls-cert={cert}",
+        f"--ext-proc-tls-key={key}",
+        "--ext-proc-fallbacks=2",
+    ).server
+    assert (server.port, server.admin_port, server.ext_proc_port) == (None, 9090, 9002)
+    assert (server.ext_proc_tls_cert, server.ext_proc_tls_key) == (cert, key)
+    assert server.ext_proc_fallbacks == 2
+    default = parse("--backends=http://127.0.0.1:1").server
+    assert (default.port, default.ext_proc_port, default.ext_proc_tls_cert) == (8080, None, None)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--port=off", "--admin-port=9090"], "--port off needs --ext-proc-port"),
+        (["--port=off", "--ext-proc-port=9002"], "--port off needs --admin-port"),
+        (["--ext-proc-port=8080"], "--ext-proc-port 8080 must differ"),
+        (["--ext-proc-port=9002", "--ext-proc-tls-key=/k"], "go together"),
+        (["--ext-proc-tls-cert=/c", "--ext-proc-tls-key=/k"], "needs --ext-proc-port"),
+        (["--ext-proc-port=1", "--ext-proc-tls-cert=/c", "--ext-proc-tls-key=/k"], "no such file"),
+        (["--ext-proc-port=9002", "--ext-proc-fallbacks=9"], "use 0-8"),
+    ],
+)
+def test_picker_flags_are_checked_naming_the_flag(flags: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse("--backends", "http://127.0.0.1:1", *flags)

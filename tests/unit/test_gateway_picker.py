@@ -201,3 +201,19 @@ def test_a_5xx_counts_against_the_engine_and_a_whole_success_resets_it() -> None
         hold.release(fleet, metrics_of(fleet), status, judged=judged)
         counts.append(fleet.snapshot.engines[0].load.consecutive_errors)
     assert counts == [1, 2, 0, 1, 1]
+
+
+def test_every_header_the_picker_sets_replaces_the_clients() -> None:
+    answers = [
+        protocol.picked_headers(["10.0.0.1:8000"], b"rid", 3).request_headers.response,
+        protocol.buffered_body_response(["10.0.0.1:8000"], b"rid", b"abc").request_body.response,
+        protocol.response_headers(
+            b"x-ratelimit-limit-requests: 1\r\n", False
+        ).response_headers.response,
+    ]
+    options = [o for common in answers for o in common.header_mutation.set_headers]
+    options += protocol.immediate(
+        503, b"a: b\r\n", b"{}", "x"
+    ).immediate_response.headers.set_headers
+    overwrite = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    assert options and all(o.append_action == overwrite for o in options)

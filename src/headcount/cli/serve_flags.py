@@ -12,6 +12,7 @@ one table of every flag reads better whole than split by group.
 from __future__ import annotations
 
 import argparse
+import enum
 from pathlib import Path
 
 from headcount.config import (
@@ -641,9 +642,16 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _port_or_off(text: str) -> int | None:
+class _Off(enum.Enum):
+    """`--port off`, kept as itself until the settings (None there) so `--print-config`
+    writes it back as `"off"`."""
+
+    OFF = "off"
+
+
+def _port_or_off(text: str) -> int | _Off:
     """`--port`: a port, or `off` (no OpenAI listener)."""
-    return None if text.strip().lower() == "off" else parse_port(text)
+    return _Off.OFF if text.strip().lower() == "off" else parse_port(text)
 
 
 def _pinned_names(text: str) -> tuple[tuple[str, str], ...]:
@@ -679,7 +687,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
         ),
         server=ServerSettings(
             host=ns.host,
-            port=ns.port,
+            port=None if ns.port is _Off.OFF else ns.port,
             grpc_health_port=ns.grpc_health_port,
             log_format=LogFormat(ns.log_format),
             log_level=ns.log_level.upper(),

@@ -146,8 +146,15 @@ def served_endpoint(metadata: Any) -> str | None:
     return served or None
 
 
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
 def _set(name: str, value: bytes) -> Any:
-    return base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=name, raw_value=value))
+    """`name: value` in place of any value the client sent (a client's own
+    `x-gateway-destination-endpoint` must never steer the gateway)."""
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=name, raw_value=value), append_action=_OVERWRITE
+    )
 
 
 def _header_block(block: bytes) -> list[Any]:

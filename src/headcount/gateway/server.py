@@ -8,8 +8,15 @@ own name (the last two answer like `/readyz`: a picker whose discovery is stale
 says so to the gateway). It runs on the router's loop, beside or instead of
 (`--port off`) the router's own OpenAI listener.
 
-Envoy's filter, for the picker to skip response bodies it does not need, wants
-`allow_mode_override: true` (honoured when neither body mode is FULL_DUPLEX_STREAMED).
+What the gateway's ext_proc filter needs: `request_header_mode: SEND`, a
+request body mode of FULL_DUPLEX_STREAMED or BUFFERED (announced in
+`protocol_config`, which Envoy sends), `response_header_mode: SEND`;
+`metadata_options.forwarding_namespaces.untyped: [envoy.lb, envoy.lb.subset_hint]`
+for the served endpoint and the subset hint to reach the picker; and, for the
+picker to skip response bodies it does not need, `allow_mode_override: true`
+with a response body mode other than FULL_DUPLEX_STREAMED (Envoy ignores the
+override when either body mode is FULL_DUPLEX_STREAMED: the body then comes and
+is echoed).
 
     server = PickerServer(proxy, admin.report, host="0.0.0.0", port=9002)
     port = await server.start()
