@@ -50,6 +50,7 @@ BLOCK = 16
 TIMEOUT = 10.0
 """Every request's bound: an answer that takes longer is a hang."""
 FAST = Timings(probe_interval=0.2, probe_timeout=1.0, connect_timeout=0.3, drain_delay=0)
+DESTINATION = "x-gateway-destination-endpoint"
 PICKER_NAME = "headcount.test"
 """The name headcount's ext_proc certificate carries and Envoy checks."""
 BUFFERED = GatewayConfig(picker_port=0, request_body_mode="BUFFERED", response_body_mode="STREAMED")
@@ -284,6 +285,19 @@ async def test_round_robin_requests_land_on_each_engine_headcount_picked(tmp_pat
         assert await through.envoy.stat("cluster.headcount_picker.health_check.success") >= 1
         assert await through.envoy.stat("cluster.headcount_picker.membership_healthy") == 1
     assert sorted(served) == ["a", "a", "b", "b", "c", "c"]
+
+
+async def test_a_client_cannot_steer_envoy_with_its_own_destination_header(
+    tmp_path: Path,
+) -> None:
+    """The header ORIGINAL_DST follows is headcount's alone: a client's is overwritten."""
+    flags = static_flags(RoutingName.SESSION)
+    async with gateway(tmp_path, engine_configs("127.0.37", 3), flags) as through:
+        picked = await through.served(headers={"x-session-id": "alice"})
+        elsewhere = next(name for name in through.engines if name != picked)
+        steering = {"x-session-id": "alice", DESTINATION: through.endpoint(elsewhere)}
+        served = [await through.served(headers=steering) for _ in range(3)]
+    assert served == [picked] * 3
 
 
 async def test_a_picker_without_an_openai_port_serves_envoy(tmp_path: Path) -> None:
