@@ -68,6 +68,11 @@ _DISCOVERY_RESOURCES = {
 _RUNTIME_UID = 10001
 COMPONENTS = DEPLOY / "components"
 _OPERATOR_GROUP = "monitoring.coreos.com"
+GATEWAY_OVERLAY = "gateway"
+"""headcount as a gateway's endpoint picker: checked apart, it serves no OpenAI port."""
+_INFERENCE_GROUP = "inference.networking.k8s.io"
+_CRD_GROUPS = (_OPERATOR_GROUP, _INFERENCE_GROUP)
+"""Custom resources, which the Kubernetes schemas do not know."""
 
 
 # ---------------------------------------------------------------- tools
@@ -237,7 +242,7 @@ def _invalid(docs: list[dict[str, Any]], version: str) -> list[str]:
     """What the Kubernetes schemas of `version` reject in `docs` (CRD objects excluded)."""
     problems = []
     for doc in docs:
-        if doc["apiVersion"].startswith(_OPERATOR_GROUP + "/"):
+        if doc["apiVersion"].split("/")[0] in _CRD_GROUPS:
             continue
         try:
             kubernetes_validate.validate(doc, version, strict=True)
@@ -412,6 +417,104 @@ def test_replicas_spread_across_nodes(rendered: list[dict[str, Any]]) -> None:
     assert _selects(by_node["labelSelector"]["matchLabels"], _pod_labels(rendered))
 
 
+# ---------------------------------------------------------------- the gateway overlay
+
+
+@pytest.fixture(scope="module")
+def gateway() -> list[dict[str, Any]]:
+    return _render(GATEWAY_OVERLAY)
+
+
+@pytest.fixture(scope="module")
+def gateway_configured(
+    gateway: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Settings, dict[str, Setting]]:
+    return _configured(gateway, tmp_path_factory.mktemp("configured-gateway"))
+
+
+def test_gateway_overlay_adds_the_inference_pool_to_the_base(
+    gateway: list[dict[str, Any]],
+) -> None:
+    kinds = sorted(doc["kind"] for doc in gateway)
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            "ConfigMap",
+            "InferencePool",
+        ]
+    )
+    assert _one(gateway, "InferencePool")["apiVersion"] == f"{_INFERENCE_GROUP}/v1"
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_gateway_overlay_is_valid_kubernetes(gateway: list[dict[str, Any]], version: str) -> None:
+    assert _invalid(gateway, version) == []
+
+
+def test_inference_pool_asks_headcounts_service_on_its_grpc_port(
+    gateway: list[dict[str, Any]],
+) -> None:
+    pool = _one(gateway, "InferencePool")["spec"]
+    picker = pool["endpointPickerRef"]
+    assert picker.get("kind", "Service") == "Service"
+    assert picker.get("group", "") == ""
+    assert picker["failureMode"] == "FailClose"
+    service = _one(gateway, "Service")
+    assert picker["name"] == service["metadata"]["name"]
+    [port] = [each for each in service["spec"]["ports"] if each["port"] == picker["port"]["number"]]
+    assert port["appProtocol"] == "http2", "gRPC: the gateway must speak HTTP/2 to it"
+    container_ports = {each["name"]: each["containerPort"] for each in _container(gateway)["ports"]}
+    assert port["targetPort"] in container_ports
+    assert not _selects(pool["selector"]["matchLabels"], _pod_labels(gateway))
+    assert [each["number"] for each in pool["targetPorts"]] == [8000]
+
+
+def test_gateway_deployment_runs_headcount_as_the_pools_picker_alone(
+    gateway: list[dict[str, Any]], gateway_configured: tuple[Settings, dict[str, Setting]]
+) -> None:
+    settings, _ = gateway_configured
+    pool = _one(gateway, "InferencePool")
+    assert settings.discovery.mode.value == "inference-pool"
+    assert settings.discovery.inference_pool == pool["metadata"]["name"]
+    assert settings.discovery.namespace == _POD_NAMESPACE
+    container_ports = {each["name"]: each["containerPort"] for each in _container(gateway)["ports"]}
+    assert container_ports == {
+        "ext-proc": pool["spec"]["endpointPickerRef"]["port"]["number"],
+        "admin": settings.server.admin_port,
+    }
+    assert settings.server.ext_proc_port == container_ports["ext-proc"]
+    assert settings.server.port is None, "no OpenAI port: the gateway is the data plane"
+
+
+def test_gateway_role_reads_the_pool_and_its_pods_only(gateway: list[dict[str, Any]]) -> None:
+    granted: set[tuple[str, str]] = set()
+    for rule in _one(gateway, "Role")["rules"]:
+        assert sorted(rule["verbs"]) == ["get", "list", "watch"], rule
+        granted.update(
+            (group, resource) for group in rule["apiGroups"] for resource in rule["resources"]
+        )
+    assert granted == {("", "pods"), (_INFERENCE_GROUP, "inferencepools")}
+
+
+def test_gateway_network_policy_opens_the_picker_to_the_namespace_and_admin_to_monitoring(
+    gateway: list[dict[str, Any]],
+) -> None:
+    policy = _one(gateway, "NetworkPolicy")
+    assert _policy_sources(policy, "ext-proc") == [[{"podSelector": {}}]]
+    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
+    assert _policy_sources(policy, "admin") == [
+        [{"namespaceSelector": {"matchLabels": monitoring}}]
+    ]
+    covered = {allowed["port"] for rule in policy["spec"]["ingress"] for allowed in rule["ports"]}
+    assert covered == {port["name"] for port in _container(gateway)["ports"]}
+
+
 # ---------------------------------------------------------------- optional components
 
 _COMPONENT_FIELDS = frozenset({"apiVersion", "kind", "resources", "patches"})
@@ -471,7 +574,7 @@ def _kustomizations() -> Iterator[tuple[str, dict[str, Any]]]:
 def test_kustomizations_use_no_deprecated_field() -> None:
     used = {name: sorted(_DEPRECATED_FIELDS & doc.keys()) for name, doc in _kustomizations()}
     assert {name: fields for name, fields in used.items() if fields} == {}
-    assert len(used) == len(_component_names()) + len(OVERLAYS) + 2
+    assert len(used) == len(_component_names()) + len(OVERLAYS) + 3
 
 
 def test_rendering_fails_on_a_deprecated_field(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ rest from their module:
 - `story`: the fleet's log lines (the `story` fixture is offered by tests/conftest.py).
 - `redis`: a real redis-server on loopback, stopped and started at will (`redis_server`).
 - `ext_proc`: a gateway's side of the endpoint-picker protocol, and `headcount serve` with it.
+- `envoy`: a real Envoy from the venv on deploy/gateway/envoy.yaml, headcount its endpoint picker.
 """
 
 from __future__ import annotations
