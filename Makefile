@@ -91,8 +91,13 @@ TEST_ENV = HEADCOUNT_KUBECTL=$(abspath $(KUBECTL)) \
 	HEADCOUNT_KUBECTL_CURRENT=$(abspath $(KUBECTL_CURRENT)) HEADCOUNT_PROMTOOL=$(abspath $(PROMTOOL)) \
 	HEADCOUNT_REDIS_SERVER=$(abspath $(REDIS_SERVER))
 
+# The suite mostly waits (on routers, engines and API servers it starts): four workers
+# (pytest-xdist) overlap the waits on two cores. `make pytest PYTEST_WORKERS=0` runs it in
+# one process.
+PYTEST_WORKERS ?= 4
+
 pytest: install $(KUBECTL) $(KUBECTL_CURRENT) $(PROMTOOL) $(REDIS_SERVER)
-	$(TEST_ENV) HEADCOUNT_DATA_PLANE=compiled $(BIN)/python -m pytest -q
+	$(TEST_ENV) HEADCOUNT_DATA_PLANE=compiled $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 # The data plane's tests again on its Python sources: a fresh copy of src/ without what
 # mypyc built, first on PYTHONPATH (before the editable install) for this process and every
@@ -106,7 +111,7 @@ pytest-python: install $(KUBECTL) $(KUBECTL_CURRENT) $(PROMTOOL) $(REDIS_SERVER)
 	rm -rf $(PYTHON_SRC) && mkdir -p $(PYTHON_SRC) && cp -r src/headcount $(PYTHON_SRC)/
 	find $(PYTHON_SRC) -name '*.so' -delete
 	$(TEST_ENV) HEADCOUNT_DATA_PLANE=python PYTHONPATH=$(abspath $(PYTHON_SRC)) \
-		$(BIN)/python -m pytest -q $(PYTHON_PATH_TESTS)
+		$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTHON_PATH_TESTS)
 
 test: lint typecheck pytest pytest-python
 
