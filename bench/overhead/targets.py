@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common.gateway import BODY_MODES
 from bench.common.harness import HEADCOUNT_BIN, headcount_at
 from bench.common.peers import PEERS_HINT, SGLANG_ROUTER, VLLM_ROUTER, sglang_router, vllm_router
 from headcount.config import DiscoveryMode, RoutingName
 from headcount.sim.cluster import RouterFlags, serve_command
-from headcount.sim.gateway import FULL_DUPLEX
 
 __all__ = [
     "ENGINES",
@@ -175,7 +175,7 @@ TARGETS: tuple[Target, ...] = (
         command=_headcount_picker,
         fleet_check=FleetCheck("/engines", "state", "ready", on_metrics_port=True),
         install_hint="run `make install`",
-        envoy_body_modes=(FULL_DUPLEX, FULL_DUPLEX),
+        envoy_body_modes=BODY_MODES["full-duplex"],
     ),
     Target(
         "envoy+picker-buffered",
@@ -183,7 +183,7 @@ TARGETS: tuple[Target, ...] = (
         command=_headcount_picker,
         fleet_check=FleetCheck("/engines", "state", "ready", on_metrics_port=True),
         install_hint="run `make install`",
-        envoy_body_modes=("BUFFERED", "STREAMED"),
+        envoy_body_modes=BODY_MODES["buffered"],
     ),
     Target(
         "vllm-router",
