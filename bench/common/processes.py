@@ -95,6 +95,11 @@ class Processes:
         self._log_dir = log_dir
         self._running: list[Proc] = []
 
+    @property
+    def log_dir(self) -> Path:
+        """Where each program's log goes (and what else a run writes beside them)."""
+        return self._log_dir
+
     def __enter__(self) -> Processes:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         return self

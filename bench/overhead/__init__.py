@@ -16,7 +16,13 @@ Method (the numbers are only as good as this):
   key every request carries (flow control on, never saturated nor limited): beside
   `headcount`, what flow control costs per request on a fleet with room; beside
   `headcount-keys` (the same key in an `--api-keys-file`), what it costs over the key
-  check alone.
+  check alone. `envoy+picker` is headcount as the endpoint picker of a real Envoy
+  (deploy/gateway/envoy.yaml, both body modes FULL_DUPLEX_STREAMED, as the example
+  ships): wrk talks to Envoy, Envoy asks headcount over ext_proc and then connects to
+  the engine it named; `envoy+picker-buffered` is the example's other pair (the request
+  body BUFFERED, the response STREAMED, which headcount switches off when it needs
+  nothing of it). Their router CPU is the headcount process's alone, beside headcount's
+  own data plane; Envoy's CPU per request is reported apart.
 - Workloads: chat non-streaming at 32 and 128 connections, streaming (20 chunks)
   at 32. wrk counts a streamed (chunked) response once, when its last chunk
   arrives, and its latency is the whole stream's.
@@ -33,7 +39,8 @@ Method (the numbers are only as good as this):
   the router's cost relative to the engines'; CPU µs/request is the steadier number.
 
 Usage: `.venv/bin/python -m bench.overhead [--quick] [--rounds N] [--duration S]
-[--targets direct,headcount,headcount-keys,headcount-tenants,vllm-router,sglang-router]
+[--targets direct,headcount,headcount-keys,headcount-tenants,envoy+picker,
+envoy+picker-buffered,vllm-router,sglang-router]
 [--workloads chat-c32,...] [--baseline REV ...]`. `--baseline` measures headcount as it
 was at a git revision in the same rounds as today's, for the before/after of a hot-path
 change.

@@ -42,6 +42,7 @@ class _Summary:
     non_2xx: int
     socket_errors: int
     router_us: float | None
+    gateway_us: float | None
     engines_us: float | None
     split: str
     """Each engine's share of the responses, in percent, over all rounds."""
@@ -67,6 +68,7 @@ def _summarise(samples: Sequence[Sample]) -> _Summary:
         non_2xx=sum(sample.wrk.non_2xx for sample in samples),
         socket_errors=sum(sample.wrk.socket_errors for sample in samples),
         router_us=_median([sample.router_us for sample in samples]),
+        gateway_us=_median([sample.gateway_us for sample in samples]),
         engines_us=_median([sample.engines_us for sample in samples]),
         split=_split(samples),
     )
@@ -74,9 +76,9 @@ def _summarise(samples: Sequence[Sample]) -> _Summary:
 
 _TABLE_HEAD = (
     "| target | 2xx req/s | min-max | p50 ms | p99 ms | non-2xx | socket err "
-    "| router CPU µs/req | engines CPU µs/req | engine split % | req/s ÷ direct "
-    "| router CPU ÷ vllm-router |\n"
-    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    "| router CPU µs/req | Envoy CPU µs/req | engines CPU µs/req | engine split % "
+    "| req/s ÷ direct | router CPU ÷ vllm-router |\n"
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
 )
 
 
@@ -89,7 +91,8 @@ def _workload_section(result: WorkloadResult) -> tuple[list[str], dict[str, _Sum
         lines.append(
             f"| {name} | {_fmt(summary.ok_per_s)} | {_fmt(summary.low)}-{_fmt(summary.high)} "
             f"| {_fmt(summary.p50_ms, 2)} | {_fmt(summary.p99_ms, 2)} | {summary.non_2xx} "
-            f"| {summary.socket_errors} | {_fmt(summary.router_us)} | {_fmt(summary.engines_us)} "
+            f"| {summary.socket_errors} | {_fmt(summary.router_us)} | {_fmt(summary.gateway_us)} "
+            f"| {_fmt(summary.engines_us)} "
             f"| {summary.split} "
             f"| {_ratio(summary.ok_per_s, direct.ok_per_s if direct else None)} "
             f"| {_ratio(summary.router_us, vllm.router_us if vllm else None)} |"

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.common.gateway import start_envoy
 from bench.common.harness import BenchError, say
 from bench.common.httpcall import http_call, ok
 from bench.common.processes import Proc, Processes, block_until
@@ -42,6 +43,8 @@ class Sample:
     wrk: WrkResult
     router_cpu_s: float | None
     engines_cpu_s: float
+    gateway_cpu_s: float | None
+    """Envoy's, for a router behind it (the router is then its endpoint picker)."""
     served: tuple[int, ...] | None
     """Responses each engine served during the run; None if an engine does not say."""
 
@@ -58,6 +61,10 @@ class Sample:
     def engines_us(self) -> float | None:
         return self._per_request_us(self.engines_cpu_s)
 
+    @property
+    def gateway_us(self) -> float | None:
+        return self._per_request_us(self.gateway_cpu_s)
+
 
 @dataclass
 class Live:
@@ -66,6 +73,7 @@ class Live:
     target: Target
     port: int
     router: Proc | None
+    gateway: Proc | None
     note: str | None
     samples: list[Sample] = field(default_factory=list)
 
@@ -184,8 +192,9 @@ class Bench:
                         self._try_sample(entry, workload, body, round_index, skipped)
         finally:
             for entry in live:
-                if entry.router is not None:
-                    self._procs.stop(entry.router)
+                for proc in (entry.gateway, entry.router):
+                    if proc is not None:
+                        self._procs.stop(proc)
         measured = [entry for entry in live if entry.target.name not in skipped]
         return WorkloadResult(workload, measured, skipped)
 
@@ -193,12 +202,12 @@ class Bench:
         live: list[Live] = []
         skipped: dict[str, str] = {}
         for target in self._settings.targets:
-            router = None
+            router = gateway = None
             try:
                 if target.command is None:
                     port = self._engine_ports[0]
                 else:
-                    router, port = self._start_router(target, workload)
+                    router, gateway, port = self._start_router(target, workload)
             except BenchError as error:
                 skipped[target.name] = f"did not start: {_brief(error)}"
                 say(f"{workload.name}: {target.name} skipped: {error}")
@@ -206,22 +215,37 @@ class Bench:
             note = _answer_problem(port, workload, dict(target.headers))
             if note is not None:
                 say(f"{workload.name}: {target.name}: {note}")
-            live.append(Live(target, port, router, note))
+            live.append(Live(target, port, router, gateway, note))
         return live, skipped
 
-    def _start_router(self, target: Target, workload: Workload) -> tuple[Proc, int]:
+    def _start_router(self, target: Target, workload: Workload) -> tuple[Proc, Proc | None, int]:
+        """The router, and Envoy in front of it for a target with `envoy_body_modes`; the
+        client port."""
         assert target.command is not None
         launch = Launch(
             port=free_port(),
             metrics_port=free_port(),
+            picker_port=free_port(),
             backends=tuple(f"http://127.0.0.1:{port}" for port in self._engine_ports),
             files=self._log_dir,
         )
         headers = dict(target.headers)
         name = f"{workload.name}-{target.name}"
-        router = self._procs.start(name, target.command(launch), port=launch.port)
+        modes = target.envoy_body_modes
+        client_port = None if modes else launch.port
+        router = self._procs.start(name, target.command(launch), port=client_port)
+        gateway = None
         timeout_s = self._settings.start_timeout_s
         try:
+            if modes:
+                gateway = start_envoy(
+                    self._procs,
+                    f"{name}-envoy",
+                    listen_port=launch.port,
+                    picker_port=launch.picker_port,
+                    body_modes=modes,
+                    directory=self._log_dir,
+                )
             block_until(
                 lambda: ok(
                     http_call(launch.port, "POST", CHAT_PATH, workload.body(), 5, headers=headers)
@@ -232,16 +256,19 @@ class Bench:
             )
             if target.fleet_check is not None:
                 check = target.fleet_check
+                port = launch.metrics_port if check.on_metrics_port else launch.port
                 block_until(
-                    lambda: _fleet_complete(launch.port, check, headers),
+                    lambda: _fleet_complete(port, check, headers),
                     timeout_s,
                     f"{target.name} to list {ENGINES} ready engines at {check.path}",
                     router,
                 )
         except BenchError:
-            self._procs.stop(router)
+            for proc in (gateway, router):
+                if proc is not None:
+                    self._procs.stop(proc)
             raise
-        return router, launch.port
+        return router, gateway, launch.port
 
     def _try_sample(
         self,
@@ -270,6 +297,8 @@ class Bench:
             raise BenchError(f"{router.name} exited:\n{router.log_tail()}")
         split = None if router else [f"127.0.0.1:{port}" for port in self._engine_ports]
         router_before = tree_cpu_seconds(router.pid) if router else 0.0
+        gateway = entry.gateway
+        gateway_before = tree_cpu_seconds(gateway.pid) if gateway else 0.0
         engines_before = self._engines_cpu_s()
         served_before = self._served()
         result = run_wrk(
@@ -283,11 +312,12 @@ class Bench:
         )
         engines_cpu_s = self._engines_cpu_s() - engines_before
         router_cpu_s = tree_cpu_seconds(router.pid) - router_before if router else None
+        gateway_cpu_s = tree_cpu_seconds(gateway.pid) - gateway_before if gateway else None
         served_after = self._served()
         served = None
         if served_before is not None and served_after is not None:
             served = tuple(a - b for a, b in zip(served_after, served_before, strict=True))
-        return Sample(result, router_cpu_s, engines_cpu_s, served)
+        return Sample(result, router_cpu_s, engines_cpu_s, gateway_cpu_s, served)
 
     def _served(self) -> tuple[int, ...] | None:
         """Each engine's served count from the simulator's `/sim/stats`, if all of them say."""
@@ -321,6 +351,8 @@ def _answers_http(port: int) -> bool:
 def _progress(workload: Workload, round_index: int, entry: Live) -> str:
     sample = entry.samples[-1]
     cpu = f", router {sample.router_us:.0f} µs/req" if sample.router_us is not None else ""
+    if sample.gateway_us is not None:
+        cpu += f", Envoy {sample.gateway_us:.0f} µs/req"
     errors = sample.wrk.non_2xx + sample.wrk.socket_errors
     return (
         f"{workload.name} round {round_index + 1}: {entry.target.name:<13} "

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common.gateway import BODY_MODES
 from bench.common.harness import HEADCOUNT_BIN, headcount_at
 from bench.common.peers import PEERS_HINT, SGLANG_ROUTER, VLLM_ROUTER, sglang_router, vllm_router
 from headcount.config import DiscoveryMode, RoutingName
@@ -38,7 +39,10 @@ class Launch:
 
     port: int
     metrics_port: int
-    """A spare free port: the peers open a Prometheus listener (29000 for both by default)."""
+    """A spare free port: the peers open a Prometheus listener (29000 for both by default),
+    the endpoint picker its admin listener."""
+    picker_port: int
+    """Another: the endpoint picker's ext_proc port, which Envoy (on `port`) asks."""
     backends: tuple[str, ...]
     files: Path
     """Where a router's own files go (the tenants file): the run's log directory."""
@@ -51,6 +55,8 @@ class FleetCheck:
     path: str
     key: str
     value: object
+    on_metrics_port: bool = False
+    """Asked of `Launch.metrics_port` (the picker's admin port), not of the client port."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,10 @@ class Target:
     install_hint: str = ""
     headers: tuple[tuple[str, str], ...] = ()
     """Sent with every request to the target, the load's and the checks'."""
+    envoy_body_modes: tuple[str, str] | None = None
+    """Set: clients reach it through Envoy (deploy/gateway/envoy.yaml with these request and
+    response body modes) on the client port, and the router is its endpoint picker on
+    `Launch.picker_port`; Envoy's CPU is counted apart."""
 
 
 def _headcount(launch: Launch, program: tuple[str, ...] = (str(HEADCOUNT_BIN),)) -> list[str]:
@@ -88,6 +98,16 @@ keys = ["{TENANT_KEY}"]
 priority = 0
 weight = 1
 """
+
+
+def _headcount_picker(launch: Launch) -> list[str]:
+    """headcount as Envoy's endpoint picker only: no OpenAI port of its own (`--port off`)."""
+    return [
+        *_headcount(launch),
+        "--port=off",
+        f"--ext-proc-port={launch.picker_port}",
+        f"--admin-port={launch.metrics_port}",
+    ]
 
 
 def _headcount_tenants(launch: Launch) -> list[str]:
@@ -148,6 +168,22 @@ TARGETS: tuple[Target, ...] = (
         fleet_check=FleetCheck("/engines", "state", "ready"),
         install_hint="run `make install`",
         headers=_TENANT_KEY_HEADERS,
+    ),
+    Target(
+        "envoy+picker",
+        program=HEADCOUNT_BIN,
+        command=_headcount_picker,
+        fleet_check=FleetCheck("/engines", "state", "ready", on_metrics_port=True),
+        install_hint="run `make install`",
+        envoy_body_modes=BODY_MODES["full-duplex"],
+    ),
+    Target(
+        "envoy+picker-buffered",
+        program=HEADCOUNT_BIN,
+        command=_headcount_picker,
+        fleet_check=FleetCheck("/engines", "state", "ready", on_metrics_port=True),
+        install_hint="run `make install`",
+        envoy_body_modes=BODY_MODES["buffered"],
     ),
     Target(
         "vllm-router",

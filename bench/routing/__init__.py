@@ -27,7 +27,9 @@ Method (the numbers are only as good as this):
 - Targets: headcount `round-robin`, `least-loaded`, `prefix`, `kv-aware`
   (`--tokenizer builtin`, the simulator's, and the engines' KV events) and
   `kv-aware /tokenize` (no tokenizer: each request's ids from an engine's
-  `POST /tokenize`); vllm-router
+  `POST /tokenize`); `envoy+headcount kv-aware`, the same kv-aware headcount as the
+  endpoint picker of a real Envoy (deploy/gateway/envoy.yaml; clients talk to Envoy,
+  its router CPU is headcount's alone); vllm-router
   `cache_aware`, `kv_aware` (static `--kv-event-source`/`--kv-event-replay-source`
   per engine, `--kv-event-model`), `round_robin`; sglang-router `cache_aware`,
   `round_robin`; and `oracle` (`programs/oracle.py`): asks every engine's

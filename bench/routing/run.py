@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common.harness import BenchError, say
+from bench.common.gateway import BODY_MODES, start_envoy
+from bench.common.harness import HEADCOUNT_BIN, BenchError, say
 from bench.common.httpcall import http_call
 from bench.common.processes import Proc, Processes, block_until
 from bench.common.procfs import tree_cpu_seconds
@@ -58,23 +59,38 @@ def _probe_ok(port: int, shape: WorkloadShape) -> bool:
 
 def start_router(
     procs: Processes, target: Target, engines: Sequence[Engine], shape: WorkloadShape
-) -> tuple[Proc, int]:
+) -> tuple[Proc, Proc | None, int]:
+    """The router, Envoy in front of it when the target is `behind_envoy`, the client port."""
     port, metrics = free_port(), free_port()
     log_name = re.sub(r"[^A-Za-z0-9_.-]+", "-", target.name)
-    proc = procs.start(log_name, target.command(port, metrics, engines), port)
+    gateway = None
+    if target.behind_envoy:
+        picker = free_port()
+        proc = procs.start(log_name, target.command(picker, metrics, engines))
+        gateway = start_envoy(
+            procs,
+            f"{log_name}-envoy",
+            listen_port=port,
+            picker_port=picker,
+            body_modes=BODY_MODES["full-duplex"],
+            directory=procs.log_dir,
+        )
+    else:
+        proc = procs.start(log_name, target.command(port, metrics, engines), port)
     block_until(lambda: _probe_ok(port, shape), 60, f"{target.name} to answer a chat", proc)
-    if target.name.startswith("headcount"):
+    if target.program == HEADCOUNT_BIN:
         # Until every engine is ready, headcount routes over the ones it has probed.
+        admin = metrics if target.behind_envoy else port
         block_until(
             lambda: (
-                (a := http_call(port, "GET", "/engines")) is not None
+                (a := http_call(admin, "GET", "/engines")) is not None
                 and a.body.count(b'"ready"') >= ENGINES
             ),
             30,
             f"{target.name} to list {ENGINES} ready engines",
             proc,
         )
-    return proc, port
+    return proc, gateway, port
 
 
 def measure(
@@ -142,7 +158,7 @@ def run_target(
     settings: Settings,
     recoveries: list[Recovery],
 ) -> list[Row]:
-    router, port = start_router(procs, target, engines, settings.shape)
+    router, gateway, port = start_router(procs, target, engines, settings.shape)
     rows = []
     try:
         for rate in settings.rates:
@@ -153,5 +169,7 @@ def run_target(
             )
             rows.append(row)
     finally:
+        if gateway is not None:
+            procs.stop(gateway)
         procs.stop(router)
     return rows

