@@ -96,6 +96,23 @@ def test_the_body_mode_is_the_one_the_gateway_announces_else_buffered() -> None:
     assert protocol.request_body_mode(ext_proc.ProcessingRequest()) == mode.BUFFERED
 
 
+def test_the_response_body_mode_is_read_apart_from_the_request_bodys() -> None:
+    mode = processing_mode_pb2.ProcessingMode
+    buffered_then_streamed = ext_proc.ProcessingRequest(
+        protocol_config=ext_proc.ProtocolConfiguration(
+            request_body_mode=mode.BUFFERED, response_body_mode=mode.FULL_DUPLEX_STREAMED
+        )
+    )
+    assert protocol.response_streamed(buffered_then_streamed)
+    streamed_then_not = ext_proc.ProcessingRequest(
+        protocol_config=ext_proc.ProtocolConfiguration(
+            request_body_mode=mode.FULL_DUPLEX_STREAMED, response_body_mode=mode.STREAMED
+        )
+    )
+    assert not protocol.response_streamed(streamed_then_not)
+    assert not protocol.response_streamed(ext_proc.ProcessingRequest())
+
+
 def set_headers(common: ext_proc.CommonResponse) -> dict[str, bytes]:
     return {o.header.key: o.header.raw_value for o in common.header_mutation.set_headers}
 

@@ -137,6 +137,7 @@ class _Stream:
         self._request_id = b""
         self._new_id: bytes | None = None
         self._streamed = False
+        self._response_streamed = False
         self._parts: list[bytes] = []
         self._size = 0
         self._admitted: Admitted | None = None
@@ -177,6 +178,7 @@ class _Stream:
         request.subset = protocol.subset_hint(message.metadata_context)
         self._request = request
         self._streamed = protocol.request_body_mode(message) == protocol.FULL_DUPLEX_STREAMED
+        self._response_streamed = protocol.response_streamed(message)
         proxy = self._proxy
         request_id = find_header(headers, b"x-request-id")
         if request_id is None:
@@ -345,7 +347,7 @@ class _Stream:
         if end:
             self._body_done = True
             self.finish()
-        if self._streamed:
+        if self._response_streamed:
             return protocol.body_responses(piece, request=False, end=end)
         return [protocol.continue_body(request=False)]
 

@@ -41,6 +41,7 @@ __all__ = [
     "picked_headers",
     "request_body_mode",
     "response_headers",
+    "response_streamed",
     "served_endpoint",
     "status_of",
     "subset_hint",
@@ -73,6 +74,15 @@ def request_body_mode(message: Any) -> int:
     message); BUFFERED when it says none, the one that works with an older Envoy either way."""
     mode: int = message.protocol_config.request_body_mode
     return mode if mode in (FULL_DUPLEX_STREAMED, _BUFFERED) else _BUFFERED
+
+
+def response_streamed(message: Any) -> bool:
+    """Whether the gateway streams the response body FULL_DUPLEX_STREAMED (then every piece
+    is answered with its own streamed mutation), as its first message announces; the response
+    may be in another mode than the request (a BUFFERED request, a streamed response)."""
+    mode: int = message.protocol_config.response_body_mode
+    streamed: bool = mode == FULL_DUPLEX_STREAMED
+    return streamed
 
 
 def _value(header: Any) -> bytes:
