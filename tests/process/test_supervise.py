@@ -93,7 +93,7 @@ async def test_the_grpc_health_refresher_is_supervised_too() -> None:
     )
     await server.start()
     try:
-        servicer = server._servicer
+        servicer = server._health._servicer
         real_refresh = servicer.refresh
         calls = 0
 
