@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from headcount.sim.cluster import PYTHON_CLI, RouterClient
+from headcount.sim.cluster.process import stop_child
 from headcount.sim.loopback import free_port
 from tests.support import wait_until
 
@@ -44,14 +45,7 @@ async def process(argv: list[str], log: Path) -> AsyncIterator[asyncio.subproces
         try:
             yield child
         finally:
-            if child.returncode is None:
-                with suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(child.wait(), 20)
-                except TimeoutError:
-                    child.kill()
-                    await child.wait()
+            await stop_child(child)
 
 
 async def answers(client: RouterClient, path: str, status: int) -> bool:

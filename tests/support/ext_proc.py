@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import signal
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from google.protobuf import struct_pb2
 
 from headcount.sim.cluster import PYTHON_CLI
 from headcount.sim.cluster.polling import wait_until
+from headcount.sim.cluster.process import stop_child
 
 __all__ = [
     "BUFFERED",
@@ -230,11 +230,4 @@ async def serve_picker(
             async with channel:
                 yield PickerProcess(child, port[0], log, channel)
         finally:
-            if child.returncode is None:
-                with suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(child.wait(), 20)
-                except TimeoutError:
-                    child.kill()
-                    await child.wait()
+            await stop_child(child)

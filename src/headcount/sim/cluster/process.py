@@ -19,7 +19,7 @@ from headcount.sim.cluster.flags import RouterFlags, serve_command
 from headcount.sim.cluster.polling import wait_until
 from headcount.sim.loopback import free_port
 
-__all__ = ["RouterProcess"]
+__all__ = ["RouterProcess", "stop_child"]
 
 _HOST = "127.0.0.1"
 
@@ -75,14 +75,7 @@ class RouterProcess:
         """SIGTERM, then wait; SIGKILL if it has not ended within `timeout`. Its exit code."""
         if self.process is None:
             return None
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), timeout)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
+        await stop_child(self.process, timeout)
         self.returncode = self.process.returncode
         if self._log is not None:
             self._log.close()
@@ -91,3 +84,16 @@ class RouterProcess:
     def log(self) -> str:
         """The end of what the router wrote, for a failure message."""
         return self.log_path.read_text(errors="replace")[-4000:]
+
+
+async def stop_child(process: asyncio.subprocess.Process, timeout: float = 20.0) -> None:
+    """SIGTERM `process` unless it has ended, then wait; SIGKILL it after `timeout`."""
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
