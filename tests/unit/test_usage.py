@@ -557,3 +557,16 @@ def test_a_body_without_stream_options_has_the_ask_spliced_into_its_own_bytes() 
     encoded = ask_usage(with_options, raw)
     assert encoded is not None and json.loads(encoded)["stream_options"] == {"include_usage": True}
     assert not encoded.endswith(raw[1:])
+
+
+@pytest.mark.parametrize("digits", [18, 19, 4000, 5000])
+def test_a_count_of_any_length_is_read_or_left_none_never_raised(digits: int) -> None:
+    nines = b"9" * digits
+    body = (
+        b'{"object":"chat.completion","usage":{"prompt_tokens":%s,"total_tokens":%s,'
+        b'"completion_tokens":2}}' % (nines, nines)
+    )
+    read = (int(nines), 2) if digits < 1000 else (None, None)  # beyond `_USAGE_SPAN`: unread
+    for tap in (UsageTap(event_stream=False), UsageTap(event_stream=True, drop_usage=True)):
+        assert run(tap, [body]) == body
+        assert (tap.prompt_tokens, tap.completion_tokens) == read
