@@ -140,7 +140,8 @@ class UsageTap:
                 self._held = piece[cut:]
                 piece = piece[:cut]
         # rfind: CPython's backward search skips faster than `in` on JSON
-        return piece if piece.rfind(_USAGE) < 0 else self._strip(piece)
+        found = piece.rfind(_USAGE)
+        return piece if found < 0 else self._strip(piece, found)
 
     def _trim(self) -> None:
         """Forget the oldest pieces, keeping at least `_WINDOW` bytes: once per `_WINDOW` fed."""
@@ -166,22 +167,16 @@ class UsageTap:
             return b""  # the usage event, cut: no other event has no choices
         return held
 
-    def _strip(self, data: bytes) -> bytes:
-        """`data` (whole events) without the usage event, reading numbers on the way."""
-        kept: list[bytes] = []
-        start = 0
-        found = data.find(_USAGE)
-        while found >= 0:
-            event_start = max(start, _after_boundary(data, start, found))
-            event_end = _next_boundary(data, found)
-            if self._read_event(data[event_start:event_end]):
-                kept.append(data[start:event_start])
-                start = event_end
-            found = data.find(_USAGE, event_end)
-        if not kept:
-            return data
-        kept.append(data[start:])
-        return b"".join(kept)
+    def _strip(self, data: bytes, found: int) -> bytes:
+        """`data` (whole events) without the usage event, its numbers read, when it is the
+        event holding the last `"usage":{` at `found`: the usage event comes last, and any
+        before it (continuous usage stats) is kept and superseded. Only that event is
+        searched, not all of `data` (a whole stream, when it came in one read)."""
+        start = _after_boundary(data, 0, found)
+        end = _next_boundary(data, found)
+        if self._read_event(data[start:end]):
+            return data[:start] + data[end:]
+        return data
 
     def _read_event(self, event: bytes) -> bool:
         """Read one event's numbers; True when it is the usage event (no other has no choices)."""
