@@ -7,9 +7,10 @@ events) with static discovery over two simulated engines; one keep-alive client 
 Each function's bytecodes and calls are divided by the requests, and the functions are
 summed per layer of the request's path (`LAYERS`). Counts are exact and repeat from run
 to run; work done in C (httptools' parse, the JSON scanner, socket calls, uvloop) is not
-a bytecode and shows only in `instructions.py`'s totals. `--flow` counts the router
-with a tenants file too (an unlimited `[default]`, as `instructions.py --flow`) and
-prints the difference per function.
+a bytecode and shows only in `instructions.py`'s totals. `--flow` counts the router as
+`bench.overhead` times it with flow control and without: one key sent with every request,
+in a tenants file and in an `--api-keys-file` (`instructions.FLOW_CONFIGS`), and prints
+the difference per function.
 
 Usage: `.venv/bin/python -m bench.micro.bytecodes [--kind chat,stream] [--requests 300]
 [--flow] [--top 25]`.
@@ -29,7 +30,10 @@ from pathlib import Path
 from bench.common.harness import OUT, BenchError, run_benchmark, say
 from bench.common.processes import Processes
 from bench.micro.instructions import (
+    FLOW_CONFIGS,
+    PLAIN,
     WARMUP,
+    Config,
     chat_request,
     first_answer,
     send,
@@ -90,14 +94,15 @@ def count(
     engines: list[str],
     requests: int,
     stream: bool,
-    extra: tuple[str, ...],
+    config: Config = PLAIN,
 ) -> dict[str, dict[str, float]]:
-    """Bytecodes and calls per request, per function, for one router run."""
+    """Bytecodes and calls per request, per function, for one router run set up as `config`."""
     port = free_port()
     out = OUT / f"bytecodes-{name}-{os.getpid()}.json"
     program = [sys.executable, "-m", "bench.micro.programs.traced_router", str(out)]
+    extra = config.flags(OUT)
     router = procs.start(name, [*program, *serve_flags(port, engines, extra)], port=port)
-    request = chat_request(stream)
+    request = chat_request(stream, config.key)
     client, pending = first_answer(port, request, router, 120, "the traced router to answer 200")
     with client:
         pending = send(client, request, pending, WARMUP)
@@ -141,7 +146,7 @@ def difference(
     before, after = base["bytecodes"], other["bytecodes"]
     delta = {f: after.get(f, 0.0) - before.get(f, 0.0) for f in set(before) | set(after)}
     added = sum(delta.values())
-    print(f"\n### With the tenants file, minus without: {added:+,.0f} bytecodes a request\n")
+    print(f"\n### With the tenants file, minus the keys file: {added:+,.0f} bytecodes a request\n")
     print("| function | bytecodes |\n|---|--:|")
     for function, n in sorted(delta.items(), key=lambda item: -abs(item[1]))[:top]:
         if abs(n) >= 0.5:
@@ -156,19 +161,21 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25, help="functions listed")
     args = parser.parse_args()
     os.environ["PYTHONHASHSEED"] = "0"
-    tenants = OUT / "bytecodes-tenants.toml"
-    tenants.write_text("[default]\n")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with Processes(Path(OUT / f"bytecodes-{stamp}-logs")) as procs:
         urls = start_engines(procs)
         for kind in args.kind.split(","):
             say(f"{kind}: {args.requests} requests under the bytecode tracer")
-            plain = count(procs, f"{kind}", urls, args.requests, kind == "stream", ())
+            plain = count(procs, f"{kind}", urls, args.requests, kind == "stream")
             report(f"headcount, {kind}", plain, args.top)
             if args.flow:
-                flow = (f"--tenants-file={tenants}",)
-                metered = count(procs, f"{kind}-flow", urls, args.requests, kind == "stream", flow)
-                difference(plain, metered, args.top)
+                keyed, metered = (
+                    count(
+                        procs, kind + config.suffix, urls, args.requests, kind == "stream", config
+                    )
+                    for config in FLOW_CONFIGS
+                )
+                difference(keyed, metered, args.top)
     return 0
 
 

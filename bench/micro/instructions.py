@@ -13,9 +13,10 @@ percent, as how the engine's chunks fall into reads depends on timing.
 
 `--baseline REV` counts headcount at a git revision the same way (its `src/`
 only; the engines and this script are today's). `--flow` counts, beside each
-target, the same router with flow control on (`--tenants-file` holding only an
-unlimited `[default]` tenant: every request is metered, none waits or is
-refused). Needs Debian's `valgrind`.
+target, the two set-ups `bench.overhead` times (`FLOW_CONFIGS`): one key sent with
+every request, in an `--api-keys-file`, then in a tenants file as one unlimited
+tenant (flow control on: every request is metered, none waits or is refused).
+Flow control's cost is the second less the first. Needs Debian's `valgrind`.
 
 Usage: `.venv/bin/python -m bench.micro.instructions [--kind chat,stream]
 [--requests 1200] [--baseline REV ...] [--flow]`.
@@ -33,9 +34,12 @@ import shutil
 import signal
 import socket
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from bench.common.harness import OUT, BenchError, headcount_at, run_benchmark, say
 from bench.common.processes import Proc, Processes, block_until
+from bench.overhead.targets import TENANT_KEY, TENANTS_FILE
 from headcount.sim.loopback import free_port
 
 WARMUP = 50
@@ -43,7 +47,31 @@ _TOTAL = re.compile(r"I\s+refs:\s+([\d,]+)")
 _LENGTH = re.compile(rb"content-length: (\d+)")
 
 
-def chat_request(stream: bool) -> bytes:
+@dataclass(frozen=True)
+class Config:
+    """How a counted router is set up beyond `serve_flags`: its name's suffix, its files
+    (written into the run's directory) and the key it is sent, if any."""
+
+    suffix: str = ""
+    files: tuple[tuple[str, str, str], ...] = ()
+    """(flag, file name, text): `--flag=<directory>/<file name>` holding `text`."""
+    key: str | None = None
+
+    def flags(self, directory: Path) -> tuple[str, ...]:
+        for _, name, text in self.files:
+            (directory / name).write_text(text)
+        return tuple(f"{flag}={directory / name}" for flag, name, _ in self.files)
+
+
+PLAIN = Config()
+FLOW_CONFIGS = (
+    Config("+keys", (("--api-keys-file", "api-keys.txt", f"{TENANT_KEY}\n"),), TENANT_KEY),
+    Config("+tenants", (("--tenants-file", "tenants.toml", TENANTS_FILE),), TENANT_KEY),
+)
+"""`bench.overhead`'s `headcount-keys` and `headcount-tenants`: the same key and files."""
+
+
+def chat_request(stream: bool, key: str | None = None) -> bytes:
     body = json.dumps(
         {
             "model": "sim-model",
@@ -53,6 +81,8 @@ def chat_request(stream: bool) -> bytes:
         }
     ).encode()
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
+    if key is not None:
+        head += b"Authorization: Bearer %s\r\n" % key.encode()
     return head + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
         len(body),
         body,
@@ -165,14 +195,16 @@ def under_valgrind(
     engines: list[str],
     requests: int,
     stream: bool,
-    extra: tuple[str, ...] = (),
+    config: Config = PLAIN,
 ) -> Proc:
-    """The router run under valgrind with `tool`'s flags through the warm-up and `requests`
-    requests, then shut down so that valgrind writes what it counted; the stopped process."""
+    """The router run under valgrind with `tool`'s flags, set up as `config`, through the
+    warm-up and `requests` requests, then shut down so that valgrind writes what it counted;
+    the stopped process."""
     port = free_port()
+    extra = config.flags(OUT)
     command = ["valgrind", *tool, *program, *serve_flags(port, engines, extra)]
     router = procs.start(f"{name}-{requests}", command, port=port)
-    request = chat_request(stream)
+    request = chat_request(stream, config.key)
     client, pending = first_answer(
         port, request, router, 300, "the router under valgrind to answer 200"
     )
@@ -193,7 +225,7 @@ def count(
     engines: list[str],
     requests: int,
     stream: bool,
-    extra: tuple[str, ...] = (),
+    config: Config = PLAIN,
 ) -> int:
     """The router's total instructions for a run that proxies `requests` requests."""
     tool = (
@@ -202,7 +234,7 @@ def count(
         "--trace-children=yes",
         "--cachegrind-out-file=/dev/null",
     )
-    router = under_valgrind(procs, name, tool, program, engines, requests, stream, extra)
+    router = under_valgrind(procs, name, tool, program, engines, requests, stream, config)
     report = router.log_path.read_text(errors="replace")
     total = _TOTAL.search(report)
     if total is None:
@@ -221,28 +253,26 @@ def main() -> int:
         raise BenchError("valgrind not found: apt-get install valgrind")
     # One string hash seed for every run: dict and set layouts, and so their costs, alike.
     os.environ["PYTHONHASHSEED"] = "0"
-    programs = [("headcount", (sys.executable, "-m", "headcount.cli"))]
+    programs: list[tuple[str, tuple[str, ...]]] = [
+        ("headcount", (sys.executable, "-m", "headcount.cli"))
+    ]
     for rev in args.baseline:
         commit, program = headcount_at(rev, OUT)
         programs.append((f"headcount@{commit}", program))
-    targets: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
-        (name, program, ()) for name, program in programs
+    configs = (PLAIN, *FLOW_CONFIGS) if args.flow else (PLAIN,)
+    targets = [
+        (name + config.suffix, program, config) for name, program in programs for config in configs
     ]
-    if args.flow:
-        tenants = OUT / "instructions-tenants.toml"
-        tenants.write_text("[default]\n")
-        flow = (f"--tenants-file={tenants}",)
-        targets += [(f"{name}+flow", program, flow) for name, program in programs]
     short = args.requests // 3
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with Processes(OUT / f"instructions-{stamp}-logs") as procs:
         urls = start_engines(procs)
         print("| target | kind | instructions per request |\n|---|---|--:|")
         for kind in args.kind.split(","):
-            for name, program, extra in targets:
+            for name, program, config in targets:
                 say(f"{name} {kind}: {short} and {args.requests} requests under valgrind")
                 runs = [
-                    count(procs, f"{name}-{kind}", program, urls, size, kind == "stream", extra)
+                    count(procs, f"{name}-{kind}", program, urls, size, kind == "stream", config)
                     for size in (short, args.requests)
                 ]
                 print(f"| {name} | {kind} | {(runs[1] - runs[0]) // (args.requests - short):,} |")

@@ -11,8 +11,9 @@ start-up and shutdown cancelled out (as `instructions.py` counts totals). Functi
 summed by the shared object they live in, and the compiled data plane's by module (mypyc
 names a module's C functions after it). Kernel work (the syscalls) is not counted.
 
-`--flow` profiles the router with a tenants file too (an unlimited `[default]`, as
-`instructions.py --flow`) and lists what it adds per function.
+`--flow` profiles the router as `bench.overhead` times it with flow control, one key sent
+with every request, in an `--api-keys-file` and then in a tenants file
+(`instructions.FLOW_CONFIGS`), and lists what the tenants file adds per function.
 
 Usage: `.venv/bin/python -m bench.micro.native_profile [--kind chat,stream]
 [--requests 600] [--top 15] [--flow]`. It profiles the router as `src/` holds it: compiled where
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from bench.common.harness import OUT, BenchError, run_benchmark, say
 from bench.common.processes import Processes
-from bench.micro.instructions import start_engines, under_valgrind
+from bench.micro.instructions import FLOW_CONFIGS, PLAIN, Config, start_engines, under_valgrind
 from headcount.compiled import data_plane
 
 __all__: list[str] = []
@@ -102,8 +103,7 @@ class Setup:
     logs: Path
     engines: list[str]
     stream: bool
-    extra: tuple[str, ...] = ()
-    """More `headcount serve` flags (the tenants file)."""
+    config: Config = PLAIN
 
 
 def profile(setup: Setup, name: str, requests: int) -> Counter[tuple[str, str]]:
@@ -112,7 +112,7 @@ def profile(setup: Setup, name: str, requests: int) -> Counter[tuple[str, str]]:
     tool = ("--tool=callgrind", f"--callgrind-out-file={out}")
     program = (sys.executable, "-m", "headcount.cli")
     router = under_valgrind(
-        setup.procs, name, tool, program, setup.engines, requests, setup.stream, setup.extra
+        setup.procs, name, tool, program, setup.engines, requests, setup.stream, setup.config
     )
     if not out.exists():
         raise BenchError(f"callgrind wrote no profile:\n{router.log_tail()}")
@@ -155,12 +155,12 @@ def per_request(setup: Setup, name: str, requests: int) -> dict[tuple[str, str],
 
 
 def difference(
-    plain: dict[tuple[str, str], float], metered: dict[tuple[str, str], float], top: int
+    title: str, plain: dict[tuple[str, str], float], metered: dict[tuple[str, str], float], top: int
 ) -> None:
-    """What the tenants file adds, per function."""
+    """What `metered` adds to `plain`, per function."""
     keys = set(plain) | set(metered)
     added = {key: metered.get(key, 0.0) - plain.get(key, 0.0) for key in keys}
-    print(f"\nwith a tenants file: {sum(added.values()):+,.0f} instructions a request\n")
+    print(f"\n{title}: {sum(added.values()):+,.0f} instructions a request\n")
     print("| function | where | instructions |\n|---|---|--:|")
     for (obj, fn), cost in sorted(added.items(), key=lambda item: -abs(item[1]))[:top]:
         print(f"| `{fn[:70]}` | {_library(obj)} | {cost:+,.0f} |")
@@ -186,11 +186,16 @@ def main() -> int:
             plain = per_request(setup, kind, args.requests)
             report(f"headcount ({data_plane()} data plane), {kind}", plain, args.top)
             if args.flow:
-                tenants = logs / "tenants.toml"
-                tenants.write_text("[default]\n")
-                flow = (f"--tenants-file={tenants}",)
-                metered = per_request(replace(setup, extra=flow), f"{kind}-flow", args.requests)
-                difference(plain, metered, args.top)
+                keyed, tenants = (
+                    per_request(
+                        replace(setup, config=config), f"{kind}{config.suffix}", args.requests
+                    )
+                    for config in FLOW_CONFIGS
+                )
+                difference("with a key, in a keys file", plain, keyed, args.top)
+                difference(
+                    "the same key in a tenants file, less in a keys file", keyed, tenants, args.top
+                )
     return 0
 
 

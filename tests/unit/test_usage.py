@@ -12,10 +12,13 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from headcount.proxy import usage as usage_module
 from headcount.proxy.usage import UsageTap, ask_usage, client_asks_usage
@@ -557,3 +560,47 @@ def test_a_body_without_stream_options_has_the_ask_spliced_into_its_own_bytes() 
     encoded = ask_usage(with_options, raw)
     assert encoded is not None and json.loads(encoded)["stream_options"] == {"include_usage": True}
     assert not encoded.endswith(raw[1:])
+
+
+@pytest.mark.parametrize("digits", [18, 19, 4000, 5000])
+def test_a_count_of_any_length_is_read_or_left_none_never_raised(digits: int) -> None:
+    nines = b"9" * digits
+    body = (
+        b'{"object":"chat.completion","usage":{"prompt_tokens":%s,"total_tokens":%s,'
+        b'"completion_tokens":2}}' % (nines, nines)
+    )
+    read = (int(nines), 2) if digits < 1000 else (None, None)  # beyond `_USAGE_SPAN`: unread
+    for tap in (UsageTap(event_stream=False), UsageTap(event_stream=True, drop_usage=True)):
+        assert run(tap, [body]) == body
+        assert (tap.prompt_tokens, tap.completion_tokens) == read
+
+
+_VLLM_LAYOUT = re.compile(
+    rb'\{"prompt_tokens":(\d{1,18}),"total_tokens":\d{1,18},"completion_tokens":(\d{1,18})[,}]'
+)
+"""vLLM's layout as a regular expression: what the fast read must agree with."""
+_KEYS = (b'{"prompt_tokens":', b',"total_tokens":', b',"completion_tokens":')
+_ODD = st.sampled_from([b"", b" ", b"-", b"x", b'"', b"{", b",", b"}", b"0", b"9" * 19])
+
+
+@st.composite
+def _usage_like(draw: st.DrawFn) -> bytes:
+    """vLLM's usage, or something near it: one key, count or its end changed."""
+    parts = []
+    for key in _KEYS:
+        parts += [key, b"7" * draw(st.integers(min_value=0, max_value=20))]
+    parts.append(draw(st.sampled_from([b",", b"}"])))
+    changed = draw(st.integers(min_value=0, max_value=2 * len(parts)))
+    if changed < len(parts):
+        parts[changed] = draw(_ODD)
+    return b"".join(parts)
+
+
+@given(_usage_like())
+def test_vllms_layout_is_read_exactly_where_a_regular_expression_would_match(
+    usage: bytes,
+) -> None:
+    tail = b'"usage":' + usage
+    layout = _VLLM_LAYOUT.match(tail, len(b'"usage":'))
+    expected = None if layout is None else (int(layout[1]), int(layout[2]))
+    assert usage_module._vllm_usage(tail, len(b'"usage":')) == expected

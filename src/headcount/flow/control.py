@@ -42,12 +42,18 @@ from headcount.fleet import Engine, Fleet, FleetChange
 from headcount.flow.limits import Charge, LimitsStore, Verdict, ratelimit_headers
 from headcount.flow.queue import FairQueue, QueueEntry
 from headcount.flow.tally import Tallies, TenantTally
-from headcount.flow.ticket import Decision, Picker, Refusal, Ticket
+from headcount.flow.ticket import Decision, Owner, Picker, Refusal, Ticket
 
 __all__ = ["FlowControl"]
 
 _TICK = 0.25
 """Seconds between dispatch attempts while requests wait and no slot is given back."""
+
+
+def _has_room(engine: Engine) -> bool:
+    load = engine.load
+    capacity = load.concurrency.value
+    return capacity is None or load.granted < capacity
 
 
 class _Waiting:
@@ -74,7 +80,7 @@ class _Waiting:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class FlowControl:
+class FlowControl(Owner):
     """The router's admission under load; see the module docstring."""
 
     def __init__(
@@ -187,7 +193,12 @@ class FlowControl:
         return await decision
 
     def _judged(
-        self, ticket: Ticket, room: list[Engine], picker: Picker, features: Any, verdict: Verdict
+        self,
+        ticket: Ticket,
+        room: Sequence[Engine],
+        picker: Picker,
+        features: Any,
+        verdict: Verdict,
     ) -> Decision:
         if verdict.allowed:
             return self._place(ticket, room, picker, features, verdict)
@@ -206,7 +217,7 @@ class FlowControl:
     def _place(
         self,
         ticket: Ticket,
-        room: list[Engine],
+        room: Sequence[Engine],
         picker: Picker,
         features: Any,
         verdict: Verdict | None,
@@ -223,22 +234,20 @@ class FlowControl:
             return refusal
         return self._enqueue(ticket, picker, features, verdict)
 
-    def _room(self, model: str, candidates: Sequence[Engine]) -> list[Engine]:
+    def _room(self, model: str, candidates: Sequence[Engine]) -> Sequence[Engine]:
         """The engines a request for `model` may go to now: none while others wait for one
         (they go first), else the `candidates` with room."""
         if self._queued and len(self._queues.get(model) or ()):
             return []
         return self._with_room(candidates)
 
-    def _with_room(self, candidates: Sequence[Engine]) -> list[Engine]:
-        """The `candidates` whose capacity is unknown or above what is granted there."""
-        room = []
-        for engine in candidates:  # a loop, not a comprehension: one call less per request
-            load = engine.load
-            capacity = load.concurrency.value
-            if capacity is None or load.granted < capacity:
-                room.append(engine)
-        return room
+    def _with_room(self, candidates: Sequence[Engine]) -> Sequence[Engine]:
+        """The `candidates` whose capacity is unknown or above what is granted there: the
+        same sequence when all have room (an unsaturated fleet's every request), not a copy."""
+        for engine in candidates:
+            if not _has_room(engine):
+                return [engine for engine in candidates if _has_room(engine)]
+        return candidates
 
     def _grant(
         self, ticket: Ticket, engine: Engine, verdict: Verdict | None, waited: float

@@ -63,24 +63,29 @@ class Picker(Protocol):
     def select(self, engines: Sequence[Engine], features: Any, /) -> Engine | None: ...
 
 
-class Owner(Protocol):
-    """Who a ticket asks and gives its hold back to (`FlowControl`)."""
+class Owner:
+    """Who a ticket asks and gives its hold back to: `FlowControl`, its one subclass. A base
+    class rather than a Protocol, as control.py imports this module and not the reverse:
+    compiled, a call through a Protocol is a Python method call, through a class a native
+    one (a few hundred instructions less per request)."""
+
+    tenants: Callable[[], Tenants | None]
+    """The tenants file in force (for its objectives)."""
 
     def admit(
         self, ticket: Ticket, candidates: Sequence[Engine], picker: Picker, features: Any
-    ) -> Decision: ...
-
-    @property
-    def tenants(self) -> Callable[[], Tenants | None]:
-        """The tenants file in force (for its objectives)."""
+    ) -> Decision:
+        raise NotImplementedError
 
     def moved(self, old: Engine, new: Engine) -> None:
         """A granted request moved from engine `old` to engine `new` (failover)."""
+        raise NotImplementedError
 
     def ended(
         self, ticket: Ticket, tally: TenantTally, prompt: int | None, completion: int | None
     ) -> None:
         """A granted request ended, having used what the engine reported (None: unknown)."""
+        raise NotImplementedError
 
 
 class Ticket:

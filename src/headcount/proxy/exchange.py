@@ -882,7 +882,7 @@ class Exchange:
             if numbers is not None:
                 self._usage = numbers
                 self._ticket = None  # given back now: the end has nothing left to settle
-                ticket.done(*numbers)
+                ticket.done(numbers[0], numbers[1])  # not `*numbers`: a Python call, compiled
             return
         self._tap(head, drop_usage=ticket.forward is not None)
 
