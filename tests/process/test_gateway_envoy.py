@@ -462,6 +462,33 @@ async def test_a_stream_reaches_the_client_token_by_token_through_envoy(
         assert sent > 20, "every chunk of the answer goes through headcount"
 
 
+@pytest.mark.parametrize("buffered", [False, True], ids=["full-duplex", "buffered"])
+@pytest.mark.parametrize("asks", [False, True], ids=["not-asked", "asked"])
+async def test_a_stream_carries_usage_only_when_its_client_asked(
+    tmp_path: Path, buffered: bool, asks: bool
+) -> None:
+    """With a tenants file, flow control asks the engine for usage to settle the tokens; the
+    client gets the usage event only if it asked for one itself, as from the data plane."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text("[default]\ntokens_per_minute = 1000000\n")
+    flags = replace(static_flags(), tenants_file=tenants)
+    config = BUFFERED if buffered else None
+    async with gateway(tmp_path, engine_configs("127.0.36", 1), flags, config) as through:
+        body: dict[str, Any] = {"model": MODEL, "max_tokens": 8, "stream": True}
+        body["messages"] = [{"role": "user", "content": "count"}]
+        if asks:
+            body["stream_options"] = {"include_usage": True}
+        url = through.envoy.url + "/v1/chat/completions"
+        async with through.session.post(url, json=body) as answer:
+            assert answer.status == 200
+            text = await answer.read()
+    events = [line for line in text.split(b"\n") if line.startswith(b"data: {")]
+    usage = [event for event in events if b'"usage":{' in event]
+    assert text.endswith(b"data: [DONE]\n\n"), text[-200:]
+    assert len(events) >= 8, text
+    assert len(usage) == (1 if asks else 0), usage
+
+
 # ---------------------------------------------------------------- engines that go away
 
 

@@ -326,7 +326,8 @@ class _Stream:
         ticket = admitted.ticket
         if ticket is not None:
             content_type = protocol.header_value(headers, "content-type")
-            self._usage = UsageTap.for_response(content_type, drop_usage=False)
+            # flow control asked the engine for usage the client did not: cut it out again
+            self._usage = UsageTap.for_response(content_type, ticket.forward is not None)
         if self._request is not None and self._request.path == RESPONSES and status == 200:
             self._ids = IdTap(_Null(), self._learned)
         block = b"" if ticket is None else ticket.headers
@@ -338,17 +339,20 @@ class _Stream:
     def _response_body(self, body: Any) -> Sequence[Any]:
         piece, end = body.body, body.end_of_stream
         usage, ids = self._usage, self._ids
-        if usage is not None:
-            usage.feed(piece)
-            if end:
-                usage.end()
         if ids is not None:
             ids.write(piece, end)
+        sent = piece
+        if usage is not None:
+            sent = usage.feed(piece)
+            if end:
+                sent += usage.end()
         if end:
             self._body_done = True
             self.finish()
         if self._response_streamed:
-            return protocol.body_responses(piece, request=False, end=end)
+            return protocol.body_responses(sent, request=False, end=end)
+        if sent != piece:
+            return [protocol.replaced_body(sent)]
         return [protocol.continue_body(request=False)]
 
     def _learned(self, response_id: str) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "headers_of",
     "immediate",
     "picked_headers",
+    "replaced_body",
     "request_body_mode",
     "response_headers",
     "response_streamed",
@@ -267,6 +268,13 @@ def continue_body(*, request: bool) -> Any:
     answer = ext_proc.BodyResponse(response=ext_proc.CommonResponse())
     if request:
         return ext_proc.ProcessingResponse(request_body=answer)
+    return ext_proc.ProcessingResponse(response_body=answer)
+
+
+def replaced_body(body: bytes) -> Any:
+    """A response body piece replaced by `body` (STREAMED mode: each piece on its own)."""
+    mutation = ext_proc.BodyMutation(body=body)
+    answer = ext_proc.BodyResponse(response=ext_proc.CommonResponse(body_mutation=mutation))
     return ext_proc.ProcessingResponse(response_body=answer)
 
 
