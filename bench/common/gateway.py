@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.common.harness import BenchError
+from bench.common.harness import REPO, BenchError
 from bench.common.processes import Proc, Processes
 from headcount.sim.gateway import (
     FULL_DUPLEX,
@@ -50,6 +50,7 @@ def start_envoy(
             request_body_mode=request_mode,
             response_body_mode=response_mode,
         ),
+        REPO / "deploy" / "gateway",
         admin_port=free_port(),
         listen_port=listen_port,
     )

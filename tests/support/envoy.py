@@ -32,6 +32,7 @@ from headcount.sim.gateway import (
     subset_hint_filter,
 )
 from headcount.sim.loopback import free_port
+from tests.support.paths import REPO
 
 __all__ = [
     "FULL_DUPLEX",
@@ -76,7 +77,11 @@ class Envoy:
         self.config_path = directory / f"envoy-{self.port}.yaml"
         self.log_path = directory / f"envoy-{self.port}.log"
         rendered = render_config(
-            config, admin_port=self.admin_port, listen_port=self.port, response_headers=_SHOW_ROUTE
+            config,
+            REPO / "deploy" / "gateway",
+            admin_port=self.admin_port,
+            listen_port=self.port,
+            response_headers=_SHOW_ROUTE,
         )
         self.config_path.write_text(json.dumps(rendered, indent=1))
         self._executable = _executable()

@@ -2,7 +2,9 @@
 
 The tests and the benchmarks run the documented example itself, its
 placeholders filled by `render_config`, so the example is what is proven to
-work. TLS to the picker adds deploy/gateway/picker-tls.yaml's
+work; they name the repository's deploy/gateway/ (`examples`), which this
+module cannot find from its own place (the tests also run it from a copy of
+`src/`). TLS to the picker adds deploy/gateway/picker-tls.yaml's
 `transport_socket` to the picker's cluster, as that file says;
 `before_picker` puts filters ahead of ext_proc (the subset hint's
 `set_metadata`); `response_headers` adds headers to every answer of the route.
@@ -11,7 +13,9 @@ interpreter (`envoy_executable`), never a system one; `envoy_command` runs it
 with one worker and a base id of its own, so that Envoys side by side share no
 memory.
 
-    config = render_config(GatewayConfig(picker_port=9002), admin_port=9901, listen_port=8080)
+    config = render_config(
+        GatewayConfig(picker_port=9002), repo / "deploy/gateway", admin_port=9901, listen_port=8080
+    )
 """
 
 from __future__ import annotations
@@ -26,9 +30,7 @@ from typing import Any
 import yaml
 
 __all__ = [
-    "ENVOY_EXAMPLE",
     "FULL_DUPLEX",
-    "PICKER_TLS_EXAMPLE",
     "GatewayConfig",
     "PickerTls",
     "envoy_command",
@@ -37,9 +39,6 @@ __all__ = [
     "subset_hint_filter",
 ]
 
-_DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "gateway"
-ENVOY_EXAMPLE = _DEPLOY / "envoy.yaml"
-PICKER_TLS_EXAMPLE = _DEPLOY / "picker-tls.yaml"
 _HOST = "127.0.0.1"
 _EXT_PROC = "envoy.filters.http.ext_proc"
 _PICKER_CLUSTER = "headcount_picker"
@@ -105,13 +104,15 @@ def subset_hint_filter(endpoints: list[str]) -> dict[str, Any]:
 
 def render_config(
     config: GatewayConfig,
+    examples: Path,
     *,
     admin_port: int,
     listen_port: int,
     response_headers: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """deploy/gateway/envoy.yaml with its placeholders filled as `config` says."""
-    text = string.Template(ENVOY_EXAMPLE.read_text()).substitute(
+    """`examples`/envoy.yaml (the repository's deploy/gateway/) with its placeholders filled
+    as `config` says."""
+    text = string.Template((examples / "envoy.yaml").read_text()).substitute(
         ENVOY_ADMIN_PORT=admin_port,
         LISTEN_ADDRESS=_HOST,
         LISTEN_PORT=listen_port,
@@ -123,7 +124,7 @@ def render_config(
     )
     rendered: dict[str, Any] = yaml.safe_load(text)
     if config.tls is not None:
-        tls_text = string.Template(PICKER_TLS_EXAMPLE.read_text()).substitute(
+        tls_text = string.Template((examples / "picker-tls.yaml").read_text()).substitute(
             PICKER_CA_FILE=config.tls.ca_file, PICKER_SNI=config.tls.server_name
         )
         _picker_cluster(rendered).update(yaml.safe_load(tls_text))
