@@ -37,7 +37,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from headcount.config import ConfigError, ServerSettings
 from headcount.gateway.picker import Picker
 from headcount.proxy import Proxy
-from headcount.surfaces.grpc_health import SERVER_OPTIONS, GrpcHealth, Supervise, grpc_address
+from headcount.surfaces.grpc_health import GrpcHealth, Supervise, grpc_address, start_grpc
 from headcount.surfaces.health import HealthReport
 
 __all__ = ["EXT_PROC_SERVICE", "PickerServer", "build_picker", "picker_credentials"]
@@ -88,22 +88,16 @@ class PickerServer:
 
     async def start(self) -> int:
         """Listen; the bound port. `OSError` when it cannot bind."""
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self._picker, server)
-        self._health.add_to(server)
-        try:
-            if self._credentials is None:
-                port: int = server.add_insecure_port(self._address)
-            else:
-                port = server.add_secure_port(self._address, self._credentials)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {self._address}: {exc}") from exc
-        await server.start()
+        server, port = await start_grpc(self._address, self._add_services, self._credentials)
         self._server = server
         self._health.start()
         security = "h2c" if self._credentials is None else "tls"
         _log.info("endpoint picker (ext_proc, %s) on %s:%d", security, self._host, port)
         return port
+
+    def _add_services(self, server: grpc.aio.Server) -> None:
+        external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(self._picker, server)
+        self._health.add_to(server)
 
     async def stop(self, grace: float) -> None:
         """Health NOT_SERVING at once; streams in flight get up to `grace` seconds to end."""

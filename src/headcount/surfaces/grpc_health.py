@@ -37,7 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from headcount.surfaces.health import HealthReport
 
-__all__ = ["SERVER_OPTIONS", "GrpcHealth", "GrpcHealthServer", "grpc_address"]
+__all__ = ["GrpcHealth", "GrpcHealthServer", "grpc_address", "start_grpc"]
 
 _log = logging.getLogger("headcount.grpc_health")
 
@@ -54,7 +54,7 @@ _SERVICES: Mapping[str, Verdict] = {
 }
 """Each service name and the verdict it reports."""
 
-SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
+_SERVER_OPTIONS = [("grpc.so_reuseport", 0)]
 """gRPC sets SO_REUSEPORT by default: a second router would share the port instead of failing."""
 
 
@@ -201,14 +201,7 @@ class GrpcHealthServer:
 
     async def start(self) -> int:
         """Listen and start refreshing; returns the bound port. Raises OSError if it cannot bind."""
-        # Built here, inside the running loop (asyncio or uvloop): grpc.aio binds to it.
-        server = grpc.aio.server(options=SERVER_OPTIONS)
-        self._health.add_to(server)
-        try:
-            port: int = server.add_insecure_port(self._address)
-        except RuntimeError as exc:
-            raise OSError(f"gRPC health cannot listen on {self._address}: {exc}") from exc
-        await server.start()
+        server, port = await start_grpc(self._address, self._health.add_to)
         self._server = server
         self._health.start()
         _log.info("gRPC health listening on %s (bound port %d)", self._address, port)
@@ -219,6 +212,28 @@ class GrpcHealthServer:
         await self._health.stop()
         if self._server is not None:
             await self._server.stop(grace)
+
+
+async def start_grpc(
+    address: str,
+    add_services: Callable[[grpc.aio.Server], None],
+    credentials: grpc.ServerCredentials | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server on the running loop holding the services `add_services` puts on it,
+    listening on `address` (TLS with `credentials`, else h2c): the server and its bound
+    port. OSError when it cannot bind."""
+    # Built here, inside the running loop (asyncio or uvloop): grpc.aio binds to it.
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    add_services(server)
+    try:
+        if credentials is None:
+            port: int = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address}: {exc}") from exc
+    await server.start()
+    return server, port
 
 
 def grpc_address(host: str, port: int) -> str:
