@@ -175,6 +175,17 @@ class Ticket:
             self.control.moved(self.engine, engine)
             self.engine = engine
 
+    def settle(self, reported: tuple[int | None, int | None] | None, status: int) -> None:
+        """The request ended with an answer of `status` reporting `reported` tokens (None:
+        none read): an answer that is no success used none, a success that reported none
+        (cut) keeps its reservation."""
+        if reported is not None:
+            self.done(reported[0], reported[1])
+        elif not 200 <= status < 300:
+            self.done(0, 0)
+        else:
+            self.done()
+
     def done(self, prompt_tokens: int | None = None, completion_tokens: int | None = None) -> None:
         """The request ended: its slot and concurrency go back, its tokens are counted and
         its reservation settled on what the engine reported (kept whole when it said

@@ -44,7 +44,6 @@ from headcount._http.answers import too_large_message
 from headcount._http.handler import Request
 from headcount._http.wire import error_body
 from headcount.fleet import Engine
-from headcount.flow.ticket import Ticket
 from headcount.gateway import protocol
 from headcount.gateway.hold import Hold
 from headcount.proxy import Proxy
@@ -381,32 +380,20 @@ class _Stream:
         hold.release(proxy.fleet, proxy.metrics, status, judged=outcome == whole(status))
         ticket = admitted.ticket
         if ticket is not None:
-            self._settle(ticket, status)
+            ticket.settle(self._reported(), status)
         duration = self._loop.time() - self._started
         model = admitted.features.model
         proxy.metrics.request_done(model, status, outcome, duration, self._ttfb)
         if proxy.access.wants(self._drawn or not 200 <= status < 300 or outcome == CUT):
             proxy.access.write(self._entry(engine, status, outcome, duration))
 
-    def _settle(self, ticket: Ticket, status: int) -> None:
+    def _reported(self) -> tuple[int | None, int | None] | None:
         usage = self._usage
-        if usage is not None and (
-            usage.prompt_tokens is not None or usage.completion_tokens is not None
-        ):
-            ticket.done(usage.prompt_tokens, usage.completion_tokens)
-        elif not 200 <= status < 300:
-            ticket.done(0, 0)
-        else:
-            ticket.done()
+        return None if usage is None else usage.reported()
 
     def _entry(self, engine: Engine, status: int, outcome: str, duration: float) -> AccessEntry:
-        request, admitted, usage = self._request, self._admitted, self._usage
+        request, admitted = self._request, self._admitted
         kv = None if admitted is None else admitted.features.kv
-        tokens = None
-        if usage is not None and (
-            usage.prompt_tokens is not None or usage.completion_tokens is not None
-        ):
-            tokens = (usage.prompt_tokens, usage.completion_tokens)
         return AccessEntry(
             request_id=self._request_id,
             method=b"" if request is None else request.method,
@@ -423,7 +410,7 @@ class _Stream:
             cut=outcome == CUT,
             cached_tokens=None if kv is None else kv.predicted.get(engine.id, 0),
             tenant=None if request is None else tenant_name(request.identity),
-            tokens=tokens,
+            tokens=self._reported(),
         )
 
 

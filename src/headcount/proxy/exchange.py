@@ -892,19 +892,10 @@ class Exchange:
         self._responder = TappedResponder(self._responder, tap)
 
     def _settle(self, ticket: Ticket, status: int) -> None:
-        """Give flow control its hold back, with the tokens the answer reported; an answer
-        that is no success used none, a success that reported none (cut) keeps its
-        reservation."""
+        """Give flow control its hold back, with the tokens the answer reported."""
         responder = self._responder
-        if isinstance(responder, TappedResponder):
-            prompt, completion = responder.tap.prompt_tokens, responder.tap.completion_tokens
-            if prompt is not None or completion is not None:
-                ticket.done(prompt, completion)
-                return
-        if not 200 <= status < 300:
-            ticket.done(0, 0)
-        else:
-            ticket.done()
+        tap = responder.tap if isinstance(responder, TappedResponder) else None
+        ticket.settle(None if tap is None else tap.reported(), status)
 
     def _dropped(self) -> int:
         responder = self._responder
@@ -937,7 +928,7 @@ class Exchange:
         """The tokens the answer reported, as read for flow control or the log (None: not read)."""
         responder = self._responder
         if isinstance(responder, TappedResponder):
-            tap = responder.tap
-            if tap.prompt_tokens is not None or tap.completion_tokens is not None:
-                return tap.prompt_tokens, tap.completion_tokens
+            reported = responder.tap.reported()
+            if reported is not None:
+                return reported
         return self._usage

@@ -124,6 +124,12 @@ class UsageTap:
         """The tap for an answer of this `Content-Type`: an error answers a stream in JSON."""
         return cls(event_stream=is_event_stream(content_type), drop_usage=drop_usage)
 
+    def reported(self) -> tuple[int | None, int | None] | None:
+        """The engine's prompt and completion tokens, None when it reported neither."""
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return self.prompt_tokens, self.completion_tokens
+
     def feed(self, piece: bytes) -> bytes:
         if not self._drop:
             self._window.append(piece)
