@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from headcount.proxy import usage as usage_module
@@ -604,3 +604,33 @@ def test_vllms_layout_is_read_exactly_where_a_regular_expression_would_match(
     layout = _VLLM_LAYOUT.match(tail, len(b'"usage":'))
     expected = None if layout is None else (int(layout[1]), int(layout[2]))
     assert usage_module._vllm_usage(tail, len(b'"usage":')) == expected
+
+
+def _blank_line_ends(data: bytes, start: int, end: int) -> list[int]:
+    """Where every blank line inside `data[start:end]` ends: after `\\n\\n` or `\\n\\r\\n`."""
+    return [
+        at + len(line)
+        for line in (b"\n\n", b"\n\r\n")
+        for at in range(start, end - len(line) + 1)
+        if data.startswith(line, at)
+    ]
+
+
+_SSE_BYTES = st.binary(max_size=24).map(lambda raw: bytes(b"\n\r:a"[byte % 4] for byte in raw))
+"""Short runs of line breaks, carriage returns and text: every way blank lines can sit."""
+
+
+@given(_SSE_BYTES, st.integers(min_value=0, max_value=24), st.integers(min_value=0, max_value=24))
+@example(b"a\n\r\n\nb", 0, 6)  # a CRLF blank line ends before the LF one sharing its `\n`
+@example(b"a\n\n\r\nb", 0, 6)
+@example(b"\n\na\n", 1, 4)  # a blank line across `start` is not inside
+def test_event_boundaries_are_the_last_and_first_blank_lines_by_their_definition(
+    data: bytes, start: int, end: int
+) -> None:
+    start, end = min(start, len(data)), min(max(start, end), len(data))
+    assert usage_module._after_boundary(data, start, end) == max(
+        _blank_line_ends(data, start, end), default=start
+    )
+    assert usage_module._next_boundary(data, start) == min(
+        _blank_line_ends(data, start, len(data)), default=len(data)
+    )

@@ -330,7 +330,8 @@ class UpstreamConnection(HeadReader[ResponseHead]):
         raise _Violation
 
     def _note(self, name: bytes, value: bytes) -> None:
-        self._message.chunked = b"chunked" in value.lower()  # the one name in `_NOTED`
+        # the one name in `_NOTED`; `find`, as a bytes `in` formats an exception first
+        self._message.chunked = value.lower().find(b"chunked") >= 0
 
     def _head_too_large(self) -> NoReturn:
         self._violate(self._too_large())

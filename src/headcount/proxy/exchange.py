@@ -599,7 +599,9 @@ class Exchange:
                 body += seam.rest()
         body = transcript.relay(body)
         if complete:
-            body += transcript.rest()
+            rest = transcript.rest()
+            if rest:  # compiled, `+` copies both sides even when one is empty
+                body += rest
         if body or complete:
             self._responder.write(body, complete)
 

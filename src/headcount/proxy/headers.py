@@ -11,6 +11,8 @@ dropped, and the engine key, if any, is sent in its place.
 
 from __future__ import annotations
 
+from typing import Final
+
 from headcount._http.wire import HOP_BY_HOP, connection_tokens
 
 __all__ = ["find_header", "forward_headers", "is_event_stream", "response_headers"]
@@ -18,6 +20,7 @@ __all__ = ["find_header", "forward_headers", "is_event_stream", "response_header
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 _REQUEST_DROP_AUTHORIZATION = _REQUEST_DROP | {b"authorization"}
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
+_EVENT_STREAM: Final = b"text/event-stream"
 
 
 def forward_headers(
@@ -61,9 +64,11 @@ def find_header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> bytes | No
 
 def is_event_stream(content_type: bytes | None) -> bool:
     """Whether a `Content-Type` value says server-sent events (a stream of chunks)."""
-    return content_type is not None and content_type.lstrip().lower().startswith(
-        b"text/event-stream"
-    )
+    if content_type is None:
+        return False
+    if content_type.startswith(_EVENT_STREAM):  # as engines write it: no copies made
+        return True
+    return content_type.lstrip().lower().startswith(_EVENT_STREAM)
 
 
 def _end_to_end(

@@ -29,7 +29,11 @@ class TappedResponder:
 
     def _through(self, body: bytes, complete: bool) -> bytes:
         tap = self.tap
-        forwarded = tap.feed(body) + tap.end() if complete else tap.feed(body)
+        forwarded = tap.feed(body)
+        if complete:
+            rest = tap.end()
+            if rest:  # compiled, `+` copies both sides even when one is empty
+                forwarded += rest
         self.dropped += len(body) - len(forwarded)
         return forwarded
 
