@@ -174,13 +174,21 @@ def send(client: socket.socket, request: bytes, pending: bytes, times: int) -> b
     return pending
 
 
+TOKEN_DELAY_S = 0.002
+"""Between two chunks of a stream: under valgrind the router is some 50 times slower, and
+chunks written closer together reach it one, two or all in a read, as the run's timing
+falls, which moved a stream's count by 10,000 instructions between runs. At 2 ms every
+chunk is a read of its own, as an engine's tokens come to a router."""
+
+
 def start_engines(procs: Processes) -> list[str]:
     """Two simulated engines, each chunk of a stream in its own write; their URLs."""
     urls = []
     for number in (1, 2):
         port = free_port()
         engine = [sys.executable, "-m", "headcount.sim.engine", "--host", "127.0.0.1"]
-        engine += ["--port", str(port), "--model", "sim-model", "--token-delay", "1e-06"]
+        engine += ["--port", str(port), "--model", "sim-model"]
+        engine += ["--token-delay", str(TOKEN_DELAY_S)]
         started = procs.start(f"engine-{number}", engine, port=port)
         block_until(functools.partial(listens, port), 60, "an engine to listen", started)
         urls.append(f"http://127.0.0.1:{port}")
