@@ -11,9 +11,9 @@ compulsory, capacity and routing (`misses.breakdown`). Rates are hit tokens
 over the prompt tokens of the measured requests.
 
 `MODEL_CAPACITY`, each engine's cache in the model: its usable blocks (vLLM's
-null block aside) less 8, about one partial block per running request (some
-4 per engine at 16 req/s); the blocks running requests share with the cache
-stay in it, as the model keeps them.
+null block aside). The blocks running requests hold are out of the engine's
+eviction queue but in its pool; in the model they are the most recently
+used, which LRU would not evict either.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from bench.routing.trace import RunTrace, Schedule
 
 __all__ = ["MODEL_CAPACITY", "ScheduleBounds", "TraceCheck", "check_trace", "schedule_bounds"]
 
-MODEL_CAPACITY = KV_BLOCKS - 1 - 8
+MODEL_CAPACITY = KV_BLOCKS - 1
 
 
 @dataclass(frozen=True)
