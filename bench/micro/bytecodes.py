@@ -66,7 +66,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "headcount/flow/",
             "headcount/proxy/demand",
-            "headcount/proxy/metering",
             "headcount/proxy/usage",
         ),
     ),

@@ -342,9 +342,7 @@ class _Stream:
             ids.write(piece, end)
         sent = piece
         if usage is not None:
-            sent = usage.feed(piece)
-            if end:
-                sent += usage.end()
+            sent = usage.through(piece, end)
         if end:
             self._body_done = True
             self.finish()

@@ -89,7 +89,6 @@ from headcount.proxy.errors import (
     upstream_timed_out,
 )
 from headcount.proxy.headers import find_header, is_event_stream, response_headers
-from headcount.proxy.metering import TappedResponder
 from headcount.proxy.rejections import tenant_name
 from headcount.proxy.resume import LIMIT, NO_ENGINE, UNREADABLE, Kind, Seam, continuation
 from headcount.proxy.stalls import StallWatch
@@ -204,6 +203,7 @@ class Exchange:
         "_tried",
         "_ttfb",
         "_usage",
+        "_usage_tap",
         "_waiting_in",
         "_whole",
         "_whole_size",
@@ -227,7 +227,7 @@ class Exchange:
     ) -> None:
         """`wire`: the request line, headers after `host` (blank line included), the body;
         `path` the request's, for the access log. `ticket`: flow control's hold, given back
-        at the end with the usage the answer reports (`metering.py`). `identity`: the
+        at the end with the usage the answer reports (`_meter`). `identity`: the
         request's (its tenant, with client keys), for the access log. `stored`, for a
         Responses create: learns which engine stores the response it answers."""
         self._context = context
@@ -272,6 +272,9 @@ class Exchange:
         """Each engine an attempt failed on, with its failure, in order (for the access log)."""
         self._usage: tuple[int | None, int | None] | None = None
         """The tokens a whole answer reported, when read for flow control or the log."""
+        self._usage_tap: UsageTap | None = None
+        """What reads a streamed answer's tokens (and may drop its usage event) on its way to
+        the client: every piece after the head goes through it (`_write`)."""
         self._drawn = False
         """Whether the access log's sampling chose this request (drawn when its head came)."""
 
@@ -480,7 +483,7 @@ class Exchange:
                 if transcript is not None:
                     self._relay(transcript, body, complete)
                 elif self._whole is None:
-                    self._responder.write(body, complete)
+                    self._write(body, complete)
                 else:
                     self._hold(body, complete)
             elif self._failed_over(head, complete):
@@ -523,7 +526,17 @@ class Exchange:
                 self._usage = usage_of(body)
             else:
                 self._tap(head, drop_usage=False)
+        tap = self._usage_tap
+        if tap is not None:
+            body = tap.through(body, complete)
         self._responder.start(head.status, head.reason, block, head.content_length, body, complete)
+
+    def _write(self, body: bytes, complete: bool) -> None:
+        """The answer's next part to the client, through the usage tap if there is one."""
+        tap = self._usage_tap
+        if tap is not None:
+            body = tap.through(body, complete)
+        self._responder.write(body, complete)
 
     def _learned(self, response_id: str) -> None:
         """The answer, from the engine last tried, is the stored response `response_id`."""
@@ -603,7 +616,7 @@ class Exchange:
             if rest:  # compiled, `+` copies both sides even when one is empty
                 body += rest
         if body or complete:
-            self._responder.write(body, complete)
+            self._write(body, complete)
 
     def _continued(self, head: ResponseHead, body: bytes, complete: bool) -> bool:
         """The head of a continuation: relay its events after the client's, or, when it is no
@@ -646,7 +659,7 @@ class Exchange:
             self._gap_from = self._loop.time()
         relayed = transcript.relayed()
         if relayed.done:  # the client has `[DONE]`: only the body's framing is missing
-            self._responder.write(b"", True)
+            self._write(b"", True)
             self._end(self._status, whole(self._status))
             return
         planned: bytes | str
@@ -702,7 +715,7 @@ class Exchange:
         """End a stream that will not be resumed: an error event the client can read (it is
         at an event boundary), then the connection closed with the body unterminated."""
         answer = upstream_failed(GATEWAY_ERROR, why, len(self._tried))
-        self._responder.write(b"data: " + answer.body + b"\n\n", False)
+        self._write(b"data: " + answer.body + b"\n\n", False)
         self._responder.abort()
         self._end(self._status, CUT)
 
@@ -878,7 +891,7 @@ class Exchange:
 
     def _meter(self, ticket: Ticket, head: ResponseHead, body: bytes, complete: bool) -> None:
         """Read the tokens the answer reports: at once from an answer whole in its first read
-        (the common unstreamed one), else through a tap in front of the client's responder."""
+        (the common unstreamed one), else through a tap on its way to the client."""
         if complete and ticket.forward is None:
             numbers = usage_of(body)
             if numbers is not None:
@@ -889,19 +902,19 @@ class Exchange:
         self._tap(head, drop_usage=ticket.forward is not None)
 
     def _tap(self, head: ResponseHead, drop_usage: bool) -> None:
-        """Read the tokens the answer reports as it passes, in front of the client's responder."""
-        tap = UsageTap.for_response(find_header(head.headers, b"content-type"), drop_usage)
-        self._responder = TappedResponder(self._responder, tap)
+        """Read the tokens the answer reports as it passes, on its way to the client (`_write`:
+        a native call per piece, where a responder in front of the client's was a Python one)."""
+        content_type = find_header(head.headers, b"content-type")
+        self._usage_tap = UsageTap.for_response(content_type, drop_usage)
 
     def _settle(self, ticket: Ticket, status: int) -> None:
         """Give flow control its hold back, with the tokens the answer reported."""
-        responder = self._responder
-        tap = responder.tap if isinstance(responder, TappedResponder) else None
+        tap = self._usage_tap
         ticket.settle(None if tap is None else tap.reported(), status)
 
     def _dropped(self) -> int:
-        responder = self._responder
-        return responder.dropped if isinstance(responder, TappedResponder) else 0
+        tap = self._usage_tap
+        return 0 if tap is None else tap.dropped
 
     def _entry(self, status: int, outcome: str, duration: float) -> AccessEntry:
         engine, kv = self._last, self._features.kv
@@ -928,9 +941,9 @@ class Exchange:
 
     def _tokens(self) -> tuple[int | None, int | None] | None:
         """The tokens the answer reported, as read for flow control or the log (None: not read)."""
-        responder = self._responder
-        if isinstance(responder, TappedResponder):
-            reported = responder.tap.reported()
+        tap = self._usage_tap
+        if tap is not None:
+            reported = tap.reported()
             if reported is not None:
                 return reported
         return self._usage

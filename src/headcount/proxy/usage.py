@@ -120,15 +120,26 @@ class UsageTap:
     """One response's body, fed in order: what the client gets, and the engine's numbers.
 
     `feed` each de-chunked piece and forward what it returns; at the end (or
-    when the engine went away) forward what `end` returns. Then
-    `prompt_tokens` and `completion_tokens` are the engine's, or None.
+    when the engine went away) forward what `end` returns, or do both with
+    `through`. Then `prompt_tokens` and `completion_tokens` are the engine's,
+    or None.
     """
 
-    __slots__ = ("_drop", "_held", "_kept", "_window", "completion_tokens", "prompt_tokens")
+    __slots__ = (
+        "_drop",
+        "_held",
+        "_kept",
+        "_window",
+        "completion_tokens",
+        "dropped",
+        "prompt_tokens",
+    )
 
     def __init__(self, *, event_stream: bool, drop_usage: bool = False) -> None:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.dropped = 0
+        """Bytes `through` kept from the client (the usage event it did not ask for)."""
         self._drop = event_stream and drop_usage
         self._held = b""
         self._window: list[bytes] = []
@@ -144,6 +155,17 @@ class UsageTap:
         if self.prompt_tokens is None and self.completion_tokens is None:
             return None
         return self.prompt_tokens, self.completion_tokens
+
+    def through(self, piece: bytes, complete: bool) -> bytes:
+        """What to forward of `piece`, the answer's next, and of what was held back when it is
+        the last (`complete`)."""
+        forwarded = self.feed(piece)
+        if complete:
+            rest = self.end()
+            if rest:  # compiled, `+` copies both sides even when one is empty
+                forwarded += rest
+        self.dropped += len(piece) - len(forwarded)
+        return forwarded
 
     def feed(self, piece: bytes) -> bytes:
         if not self._drop:
