@@ -634,3 +634,16 @@ def test_event_boundaries_are_the_last_and_first_blank_lines_by_their_definition
     assert usage_module._next_boundary(data, start) == min(
         _blank_line_ends(data, start, len(data)), default=len(data)
     )
+
+
+def test_through_forwards_what_feed_and_end_would_and_counts_what_it_kept_back() -> None:
+    events, usage_event = vllm_chat_stream()
+    assert usage_event is not None
+    body = b"".join(events)
+    for pieces in splits(body, seed=11, count=50):
+        tap = UsageTap(event_stream=True, drop_usage=True)
+        last = len(pieces) - 1
+        forwarded = b"".join(tap.through(piece, at == last) for at, piece in enumerate(pieces))
+        assert forwarded == body.replace(usage_event, b"")
+        assert tap.dropped == len(usage_event)
+        assert (tap.prompt_tokens, tap.completion_tokens) == (PROMPT, COMPLETION)
