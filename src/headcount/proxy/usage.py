@@ -21,7 +21,8 @@ anything else as JSON). Dropping, `feed` holds back only the
 bytes after the last event boundary and parses only events holding
 `"usage":{`, which in compact JSON is always a key. A piece whose last event
 ends its choices (`}]}`) or says it has no usage (`"usage":null}`) holds no
-usage event, which comes last: it is passed on without a search (a search
+usage event, which comes last; nor does `data: [DONE]` alone, nor an empty
+piece: such a piece is passed on without a search (a search
 costs a method call, about a microsecond a stream). Nothing here raises on a
 malformed body: the numbers stay None.
 
@@ -62,6 +63,8 @@ _CHOICES_END: Final = b"}]}\n\n"
 _NULL_USAGE_END: Final = b'"usage":null}\n\n'
 """Ends of a piece whose last event is no usage event: a chunk with choices (vLLM), or one
 saying it has none (vLLM's completion chunks and SGLang's carry `"usage":null`)."""
+_DONE_EVENT: Final = b"data: [DONE]\n\n"
+"""A stream's last event, often a piece of its own."""
 _PROMPT_KEY: Final = b'{"prompt_tokens":'
 _TOTAL_KEY: Final = b',"total_tokens":'
 _COMPLETION_KEY: Final = b',"completion_tokens":'
@@ -177,7 +180,12 @@ class UsageTap:
         if self._held:
             piece = self._held + piece
             self._held = b""
-        if piece.endswith(_CHOICES_END) or piece.endswith(_NULL_USAGE_END):
+        if (
+            not piece  # the end of a chunked body comes as an empty piece
+            or piece.endswith(_CHOICES_END)
+            or piece.endswith(_NULL_USAGE_END)
+            or piece == _DONE_EVENT
+        ):
             return piece
         if not piece.endswith(b"\n\n"):  # hold back the unfinished event, if not too long
             cut = _after_boundary(piece, 0, len(piece))
