@@ -64,6 +64,8 @@ from headcount.probe.prober import Prober
 from headcount.proxy import Proxy, start_local_server, start_server
 from headcount.routing import Policy, make_policy
 from headcount.routing.kv import KvRouting
+from headcount.routing.kv.placement import PlacementSettings
+from headcount.routing.kv.planning import Placement
 from headcount.supervise import Supervisor
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.flow_metrics import FlowCollector
@@ -94,6 +96,15 @@ class KvWiring:
     indexes: KvIndexes
     routing: KvRouting
 
+    def start(self, fleet: Fleet) -> asyncio.Task[None] | None:
+        """Follow the engines' streams; re-plan placement (if on) until the task is cancelled."""
+        self.indexes.start()
+        placement = self.routing.placement
+        if placement is None:
+            return None
+        run = placement.run(lambda: fleet.snapshot.routable, self.indexes.usable)
+        return asyncio.get_running_loop().create_task(run, name="kv placement")
+
 
 class Router:
     """One router process: its fleet, its discovery sources, its servers."""
@@ -116,6 +127,7 @@ class Router:
         self.sources = list(sources)
         self.kv = kv
         kv_views = None if kv is None else kv.indexes.views
+        placement = None if kv is None else kv.routing.placement
         statuses = [source.status for source in self.sources]
         self.metrics = Metrics(lambda: fleet.snapshot, statuses, kv_views=kv_views)
         self.auth = Authentication(settings.auth)
@@ -144,6 +156,7 @@ class Router:
             shutting_down=lambda: self.shutting_down,
             local_problems=self._local_problems,
             kv_views=kv_views,
+            kv_placement=None if placement is None else placement.status,
             admin_port=settings.server.admin_port,
         )
         self.health_watch = HealthWatch(self.admin.report, fleet)
@@ -237,9 +250,10 @@ class Router:
                 "run `make install` to rebuild",
                 ", ".join(stale),
             )
+        planner: asyncio.Task[None] | None = None
         try:
             if self.kv is not None:
-                self.kv.indexes.start()
+                planner = self.kv.start(self.fleet)
             if grpc_health is not None:
                 try:
                     port = await grpc_health.start()
@@ -270,6 +284,9 @@ class Router:
             await self.proxy.close()
             if self.flow is not None:
                 await self.flow.close()
+            if planner is not None:
+                planner.cancel()
+                await asyncio.gather(planner, return_exceptions=True)
             if self.kv is not None:
                 await self.kv.indexes.close()
 
@@ -407,7 +424,9 @@ async def build_kv_wiring(
         settings.replay_port,
         "each engine's /tokenize" if tokenizer is None else f"tokenizer {tokenizer.name}",
     )
-    return KvWiring(indexes, KvRouting(indexes, tokenizer, settings.tokenize_timeout))
+    placement = Placement(PlacementSettings(), clock) if settings.placement else None
+    routing = KvRouting(indexes, tokenizer, settings.tokenize_timeout, placement=placement)
+    return KvWiring(indexes, routing)
 
 
 async def build_sources(settings: Settings, fleet: Fleet) -> list[DiscoverySource]:

@@ -39,11 +39,12 @@ predicted cached tokens; `KvAware.select` only asks the index for those.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headcount.fleet import Engine, EngineLoad
+from headcount.routing.kv.planning import Placement
 from headcount.routing.kv.request import KvIndexView, KvRequest
 
 if TYPE_CHECKING:  # `routing.policy` loads this package before it defines them; a parse
@@ -51,7 +52,7 @@ if TYPE_CHECKING:  # `routing.policy` loads this package before it defines them;
     from headcount.routing.policy import KeySource, RequestFeatures
     from headcount.tokens import ChatTokenizer
 
-__all__ = ["KvAware", "KvRouting", "choose", "ttft_cost"]
+__all__ = ["KvAware", "KvRouting", "choose", "choose_placed", "ttft_cost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,8 @@ class KvRouting:
     saturation_slack: int = 8
     """In-flight requests an engine may have over (1 + epsilon) x the mean before it is
     skipped."""
+    placement: Placement | None = None
+    """Capacity-aware placement (`planning.py`); None: the greedy choice alone."""
 
 
 def ttft_cost(prompt: int, cached: int, load: EngineLoad, routing: KvRouting) -> float:
@@ -101,26 +104,73 @@ def choose(
 ) -> Engine | None:
     """The engine with the lowest `ttft_cost` among those under the load bound (all, if none
     is); `cached[i]` is what `candidates[i]` holds of the prompt, `start` rotates ties."""
+    bound = _bound(candidates, routing, epsilon)
+    return _lowest(candidates, cached, prompt, routing, bound, start, range(len(candidates)))[0]
+
+
+def choose_placed(
+    candidates: Sequence[Engine],
+    cached: Sequence[int],
+    prompt: int,
+    routing: KvRouting,
+    *,
+    epsilon: float,
+    start: int,
+    homes: Collection[str],
+    penalty: float,
+) -> tuple[Engine | None, bool]:
+    """`choose` kept to the engines named in `homes` (a prefix's homes, or the spill engines)
+    while one of them is under the load bound and costs at most `penalty` more than the
+    fleet's best; and whether the request left them for that best."""
+    bound = _bound(candidates, routing, epsilon)
+    everywhere = range(len(candidates))
+    best, best_cost = _lowest(candidates, cached, prompt, routing, bound, start, everywhere)
+    if best is None or best.id in homes:
+        return best, False
+    inside = [i for i, engine in enumerate(candidates) if engine.id in homes]
+    if not inside:
+        return best, False
+    home, home_cost = _lowest(candidates, cached, prompt, routing, bound, start, inside)
+    if home is None or home_cost - best_cost > penalty:
+        return best, True
+    return home, False
+
+
+def _bound(candidates: Sequence[Engine], routing: KvRouting, epsilon: float) -> int | None:
+    """In-flight requests at which an engine is skipped; None: all are past it."""
     count = len(candidates)
     if count == 0:
         return None
     total = sum(engine.load.in_flight for engine in candidates) + 1
     bound = math.ceil((1 + epsilon) * total / count) + routing.saturation_slack
-    bounded = any(engine.load.in_flight < bound for engine in candidates)
+    return bound if any(engine.load.in_flight < bound for engine in candidates) else None
+
+
+def _lowest(
+    candidates: Sequence[Engine],
+    cached: Sequence[int],
+    prompt: int,
+    routing: KvRouting,
+    bound: int | None,
+    start: int,
+    among: Sequence[int],
+) -> tuple[Engine | None, float]:
+    """Of `candidates[i]` for i in `among`, under `bound`, the lowest cost and that cost."""
+    count = len(among)
     best: Engine | None = None
     best_key = (0.0, 0)
     for offset in range(count):
-        index = (start + offset) % count
+        index = among[(start + offset) % count]
         engine = candidates[index]
         load = engine.load
-        if bounded and load.in_flight >= bound:
+        if bound is not None and load.in_flight >= bound:
             continue
         uncached = prompt - cached[index]
         cost = ttft_cost(prompt, cached[index], load, routing)
         key = (cost + (routing.miss_weight - 1) * uncached, load.in_flight)
         if best is None or key < best_key:
             best, best_key = engine, key
-    return best
+    return best, best_key[0]
 
 
 class KvAware:
@@ -143,6 +193,29 @@ class KvAware:
         prompt = 0 if kv is None else kv.prompt_tokens
         cached = [0] * len(candidates) if kv is None else [kv.cached(e) for e in candidates]
         self._cursor += 1
-        return choose(
-            candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
+        placement = self.routing.placement
+        if placement is None or kv is None or not candidates:
+            return choose(
+                candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
+            )
+        keys, size = kv.keys(candidates[0])
+        group = placement.traffic.observe(keys, prompt / size if size else 0.0)
+        plan = placement.current()
+        if plan is None or group is None:
+            return choose(
+                candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
+            )
+        homes = plan.homes.get(group)
+        engine, left = choose_placed(
+            candidates,
+            cached,
+            prompt,
+            self.routing,
+            epsilon=self._epsilon,
+            start=self._cursor,
+            homes=plan.spill if homes is None else homes,
+            penalty=placement.settings.leave_penalty * prompt,
         )
+        if left:
+            placement.traffic.overflowed(None if homes is None else group)
+        return engine
