@@ -31,7 +31,7 @@ from bench.routing.report import (
 )
 from bench.routing.run import FAULTS, Settings, run_target
 from bench.routing.targets import TARGETS
-from bench.routing.workload import WorkloadShape
+from bench.routing.workload import DEFAULT_WORKLOADS, WORKLOADS, Workload
 
 PLOT_NAME = "routing-ttft-p90.png"
 """Beside bench/RESULTS.md, which shows it; each run's own copy goes with its report."""
@@ -41,18 +41,23 @@ _DESCRIPTION = routing.__doc__.splitlines()[0] if routing.__doc__ else None
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.routing", description=_DESCRIPTION)
     parser.add_argument(
-        "--quick", action="store_true", help="a ~2-minute smoke run: one rate, short windows"
+        "--quick", action="store_true", help="a few-minute smoke run: pressure, short windows"
     )
     parser.add_argument(
-        "--rates", help="comma list of request rates, req/s (default 3,7,11; quick 7)"
+        "--workloads",
+        help=f"comma list of {', '.join(WORKLOADS)} (default {','.join(DEFAULT_WORKLOADS)}; "
+        "quick pressure)",
+    )
+    parser.add_argument(
+        "--rates", help="comma list of request rates, req/s (default: each workload's own)"
     )
     parser.add_argument(
         "--warmup",
         type=int,
-        help="unmeasured requests sent first in each run (default 60; quick 20)",
+        help="unmeasured requests sent first in each run (default 200; quick 120)",
     )
     parser.add_argument(
-        "--duration", type=float, help="measured seconds per run (default 14; quick 6)"
+        "--duration", type=float, help="measured seconds per run (default 30; quick 20)"
     )
     parser.add_argument(
         "--drain", type=float, default=15.0, help="seconds a request may outlive the last send"
@@ -71,18 +76,25 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _workloads(names: str) -> tuple[Workload, ...]:
+    unknown = [name for name in names.split(",") if name not in WORKLOADS]
+    if unknown:
+        raise BenchError(f"unknown workload {unknown[0]!r}: choose among {', '.join(WORKLOADS)}")
+    return tuple(WORKLOADS[name] for name in names.split(","))
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     targets = runnable_targets(TARGETS, args.targets, args.require_peers)
-    rates = args.rates or ("7" if args.quick else "3,7,11")
+    names = args.workloads or ("pressure" if args.quick else ",".join(DEFAULT_WORKLOADS))
     return Settings(
-        rates=tuple(float(rate) for rate in rates.split(",")),
-        warmup_requests=args.warmup if args.warmup is not None else (20 if args.quick else 60),
-        duration_s=args.duration if args.duration is not None else (6.0 if args.quick else 14.0),
+        workloads=_workloads(names),
+        rates=tuple(float(rate) for rate in args.rates.split(",")) if args.rates else None,
+        warmup_requests=args.warmup if args.warmup is not None else (120 if args.quick else 200),
+        duration_s=args.duration if args.duration is not None else (20.0 if args.quick else 30.0),
         drain_s=args.drain,
         targets=targets,
         require_peers=args.require_peers,
         out_dir=args.out,
-        shape=WorkloadShape(),
         fault=args.fault,
     )
 
@@ -95,7 +107,6 @@ def _report(
     started: str,
     took_s: float,
 ) -> str:
-    shape = settings.shape
     notes = [f"- {name} not measured: {reason}" for name, reason in skipped.items()]
     return "\n".join(
         [
@@ -105,18 +116,30 @@ def _report(
             f"Python {platform.python_version()}; took {took_s:.0f} s",
             f"- fleet: {ENGINES} sim-engines, --kv-blocks {KV_BLOCKS} --block-size 16 "
             f"--prefill-tokens-per-s {PREFILL_TOKENS_PER_S} --token-delay {TOKEN_DELAY_S}",
-            f"- workload: {shape}",
             f"- per run: caches reset, warm-up {settings.warmup_requests} requests, "
             f"{settings.duration_s:g} s measured, "
             f"drain {settings.drain_s:g} s; Poisson arrivals, open loop",
             "",
-            render_table(rows),
-            "",
             *notes,
             "",
-            highest_load_summary(rows),
-            "",
+            *(_workload_section(workload, rows) for workload in settings.workloads),
             render_recoveries(recoveries),
+            "",
+        ]
+    )
+
+
+def _workload_section(workload: Workload, rows: Sequence[Row]) -> str:
+    own = [row for row in rows if row.workload == workload.name]
+    return "\n".join(
+        [
+            f"## Workload `{workload.name}`",
+            "",
+            workload.shape.describe(),
+            "",
+            render_table(own),
+            "",
+            highest_load_summary(own),
             "",
         ]
     )

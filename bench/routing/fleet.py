@@ -15,6 +15,7 @@ from bench.common.processes import Proc, Processes, block_until
 from headcount.sim.loopback import free_port_on_all
 
 __all__ = [
+    "BLOCK_SIZE",
     "ENGINES",
     "KV_BLOCKS",
     "MODEL",
@@ -30,6 +31,7 @@ __all__ = [
 MODEL = "sim-model"
 ENGINES = 4
 KV_BLOCKS = 720
+BLOCK_SIZE = 16
 PREFILL_TOKENS_PER_S = 4000
 TOKEN_DELAY_S = 0.02
 _COUNTER = re.compile(rb"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\} ([0-9.e+]+)$", re.M)
@@ -61,7 +63,8 @@ def start_engines(procs: Processes) -> list[Engine]:
         port = free_port_on_all([host])
         argv = [sys.executable, "-m", "headcount.sim.engine", "--host", host]
         argv += ["--port", str(port), "--model", MODEL, "--token-delay", str(TOKEN_DELAY_S)]
-        argv += ["--kv-blocks", str(KV_BLOCKS), "--prefill-tokens-per-s", str(PREFILL_TOKENS_PER_S)]
+        argv += ["--kv-blocks", str(KV_BLOCKS), "--block-size", str(BLOCK_SIZE)]
+        argv += ["--prefill-tokens-per-s", str(PREFILL_TOKENS_PER_S)]
         argv += ["--kv-events-port", str(events), "--kv-events-replay-port", str(replay)]
         argv += ["--kv-events-topic", "", "--name", f"engine-{index}"]
         proc = procs.start(f"engine-{index}", argv, port=port)

@@ -22,6 +22,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Row:
+    workload: str
     target: str
     rate: float
     sent: int
@@ -46,6 +47,7 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 
 
 def summarise(
+    workload: str,
     target: str,
     rate: float,
     outcomes: Sequence[Outcome],
@@ -64,6 +66,7 @@ def summarise(
     lag = [o.lag_s for o in outcomes]
     cpu = None if router_cpu_s is None or not outcomes else router_cpu_s * 1e6 / len(outcomes)
     return Row(
+        workload=workload,
         target=target,
         rate=rate,
         sent=len(outcomes),
@@ -107,12 +110,13 @@ def render_table(rows: Sequence[Row]) -> str:
 
 
 def highest_load_summary(rows: Sequence[Row]) -> str:
-    """TTFT p90 and hit rate per target at the highest load, and headcount's gap to the oracle."""
+    """TTFT p90 and hit rate per target at the highest load, and headcount's gap to the oracle
+    (`rows` of one workload)."""
     if not rows:
         return ""
     top = max(row.rate for row in rows)
     at_top = [row for row in rows if row.rate == top]
-    lines = [f"At the highest load ({top:g} req/s):", ""]
+    lines = [f"At {rows[0].workload}'s highest load ({top:g} req/s):", ""]
     for row in sorted(at_top, key=lambda r: r.ttft_p90 if r.ttft_p90 is not None else 1e9):
         hit = "—" if row.hit_rate is None else f"{100 * row.hit_rate:.1f} %"
         lines.append(f"- {row.target}: TTFT p90 {_s(row.ttft_p90)} s, hit rate {hit}")
@@ -137,11 +141,16 @@ def plot(rows: Sequence[Row], paths: Sequence[Path]) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
-    for target in dict.fromkeys(row.target for row in rows):
-        points = [(r.rate, r.ttft_p90) for r in rows if r.target == target and r.ttft_p90]
+    for workload, target in dict.fromkeys((row.workload, row.target) for row in rows):
+        points = [
+            (r.rate, r.ttft_p90)
+            for r in rows
+            if r.workload == workload and r.target == target and r.ttft_p90
+        ]
         if points:
             style = "k--" if target == "oracle" else "-o"
-            axes.plot(*zip(*points, strict=True), style, label=target, markersize=4)
+            label = f"{workload}: {target}"
+            axes.plot(*zip(*points, strict=True), style, label=label, markersize=4)
     axes.set_xlabel("offered load (requests/s, Poisson)")
     axes.set_ylabel("TTFT p90 (s)")
     axes.set_yscale("log")

@@ -21,7 +21,7 @@ from bench.routing.fleet import ENGINES, MODEL, Engine, counters, reset_caches, 
 from bench.routing.loadgen import Outcome, run_open_loop
 from bench.routing.report import Recovery, Row, recovery, summarise
 from bench.routing.targets import Target
-from bench.routing.workload import WorkloadShape, arrivals
+from bench.routing.workload import Workload, WorkloadShape, arrivals
 from headcount.sim.loopback import free_port
 
 __all__ = ["FAULTS", "Settings", "run_target"]
@@ -29,17 +29,21 @@ __all__ = ["FAULTS", "Settings", "run_target"]
 
 @dataclass(frozen=True)
 class Settings:
-    rates: tuple[float, ...]
+    workloads: tuple[Workload, ...]
+    rates: tuple[float, ...] | None
+    """Every workload's loads, req/s; None: each workload's own (`Workload.rates`)."""
     warmup_requests: int
     duration_s: float
     drain_s: float
     targets: tuple[Target, ...]
     require_peers: bool
     out_dir: Path
-    shape: WorkloadShape
     fault: str | None = None
     """Inject this event-stream fault (`FAULTS`) into the first engine a third of the way
     into each measured window, and report TTFT's recovery."""
+
+    def rates_of(self, workload: Workload) -> tuple[float, ...]:
+        return self.rates or workload.rates
 
 
 FAULTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
@@ -95,6 +99,7 @@ def start_router(
 
 def measure(
     target: Target,
+    workload: Workload,
     rate: float,
     router: Proc,
     port: int,
@@ -105,7 +110,7 @@ def measure(
     """One measured run; with `settings.fault`, its recovery is appended to `recoveries`."""
     reset_caches(engines)
     warmup_s = settings.warmup_requests / rate
-    schedule = arrivals(settings.shape, MODEL, rate, warmup_s + settings.duration_s)
+    schedule = arrivals(workload.shape, MODEL, rate, warmup_s + settings.duration_s)
     marks: dict[str, object] = {}
 
     async def at_window_start() -> None:
@@ -130,7 +135,7 @@ def measure(
         engines[0].call("POST", "/sim/kv-events", undo)
         recoveries.append(
             recovery(
-                target.name,
+                f"{workload.name}: {target.name}",
                 rate,
                 settings.fault,
                 outcomes,
@@ -148,7 +153,9 @@ def measure(
     split = "/".join(f"{100 * d / sum(deltas):.0f}" for d in deltas) if sum(deltas) else "—"
     measured = [o for o in outcomes if o.arrival.at_s >= warmup_s]
     hit_rate = (hits - hits0) / (queries - queries0) if queries > queries0 else None
-    return summarise(target.name, rate, measured, settings.duration_s, hit_rate, cpu, split)
+    return summarise(
+        workload.name, target.name, rate, measured, settings.duration_s, hit_rate, cpu, split
+    )
 
 
 def run_target(
@@ -158,14 +165,16 @@ def run_target(
     settings: Settings,
     recoveries: list[Recovery],
 ) -> list[Row]:
-    router, gateway, port = start_router(procs, target, engines, settings.shape)
+    router, gateway, port = start_router(procs, target, engines, settings.workloads[0].shape)
     rows = []
+    cells = [(w, rate) for w in settings.workloads for rate in settings.rates_of(w)]
     try:
-        for rate in settings.rates:
-            row = measure(target, rate, router, port, engines, settings, recoveries)
+        for workload, rate in cells:
+            row = measure(target, workload, rate, router, port, engines, settings, recoveries)
             say(
-                f"{target.name:<26} {rate:5g} req/s: TTFT p50 {row.ttft_p50} p90 {row.ttft_p90} "
-                f"hit {row.hit_rate} failed {row.failed}/{row.sent} lag p99 {row.lag_p99_ms:.1f} ms"
+                f"{workload.name:<9} {target.name:<26} {rate:5g} req/s: TTFT p50 {row.ttft_p50} "
+                f"p90 {row.ttft_p90} hit {row.hit_rate} failed {row.failed}/{row.sent} "
+                f"lag p99 {row.lag_p99_ms:.1f} ms"
             )
             rows.append(row)
     finally:

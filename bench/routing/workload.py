@@ -5,8 +5,10 @@ Shaped like llm-d's multi-tenant prefix-cache test:
 - `tenants` tenants, each with its own long system prompt (`system_words`
   random words, about one token each under the simulator's built-in
   tokenizer) that every one of its requests starts with.
-- Each request picks a tenant uniformly and asks a short unique question
-  (`question_words` words, numbered so no two are equal).
+- Each request picks a tenant and asks a short unique question
+  (`question_words` words, numbered so no two are equal): uniformly when
+  `zipf` is 0, else tenant t (0-based) with weight 1/(t+1)^zipf, so tenant 0
+  is the hottest.
 - A share `chat_share` of the requests continue a multi-turn chat instead:
   one of the tenant's open conversations gets the previous question, a
   synthetic answer (`answer_words` words; the workload's own text, not the
@@ -18,15 +20,39 @@ Shaped like llm-d's multi-tenant prefix-cache test:
 
 Everything comes from one `random.Random(seed)`: the same seed, rate and
 duration give the same requests at the same offsets.
+
+`WORKLOADS` names the shapes the benchmark measures, each with its default
+request rates (fleet: bench/routing/fleet.py, 4 engines x 720 blocks x 16
+tokens = 46,080 tokens of cache):
+
+- `fitting`: 30 tenants, Zipf 1.2, 1,400-word system prompts (~1,416 tokens
+  each, 42,480 in all: the whole set fits the fleet's cache);
+- `pressure`: 60 tenants, Zipf 1.2, system prompts of `PRESSURE_WORDS` words
+  (1,904: ~1,920 tokens each, so the 60 of them are 2.5x the fleet's cache);
+- `uniform`: the suite's original shape, 16 tenants drawn uniformly, ~2,000-token
+  prompts (a quarter of them per engine's cache).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["Arrival", "WorkloadShape", "arrivals", "tenant_prompts"]
+from bench.routing.fleet import BLOCK_SIZE, ENGINES, KV_BLOCKS
+
+__all__ = [
+    "DEFAULT_WORKLOADS",
+    "PRESSURE_WORDS",
+    "WORKLOADS",
+    "Arrival",
+    "Workload",
+    "WorkloadShape",
+    "arrivals",
+    "tenant_prompts",
+    "tenant_weights",
+]
 
 _WORDS = [
     "alpha",
@@ -91,6 +117,47 @@ class WorkloadShape:
     open_chats_per_tenant: int = 2
     max_tokens: int = 24
     seed: int = 9
+    zipf: float = 0.0
+    """Popularity skew: 0 draws tenants uniformly, else tenant t with weight 1/(t+1)^zipf."""
+
+    def describe(self) -> str:
+        popularity = f"Zipf {self.zipf:g}" if self.zipf else "uniform"
+        return (
+            f"{self.tenants} tenants ({popularity}), {self.system_words:,}-word system prompts, "
+            f"{self.question_words}-word questions, {100 * self.chat_share:g} % chat turns "
+            f"(up to {self.max_turns}, {self.answer_words}-word answers), "
+            f"{self.max_tokens} output tokens, seed {self.seed}"
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named shape and the request rates it is measured at by default."""
+
+    name: str
+    shape: WorkloadShape
+    rates: tuple[float, ...]
+
+
+_PROMPT_OVERHEAD_TOKENS = 16
+"""Tokens of a system prompt beside its words under the simulator's tokenizer: the chat
+template's and the "You are the assistant of tenant N." opening."""
+PRESSURE_WORDS = round(2.5 * ENGINES * KV_BLOCKS * BLOCK_SIZE / 60) - _PROMPT_OVERHEAD_TOKENS
+"""60 system prompts of this many words are 2.5x the fleet's cache: 1,904."""
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("fitting", WorkloadShape(tenants=30, system_words=1400, zipf=1.2), (16.0,)),
+        Workload(
+            "pressure", WorkloadShape(tenants=60, system_words=PRESSURE_WORDS, zipf=1.2), (16.0,)
+        ),
+        Workload("uniform", WorkloadShape(), (3.0, 7.0, 11.0)),
+    )
+}
+DEFAULT_WORKLOADS = ("fitting", "pressure")
+"""`uniform` is left out of the default run: it is the old shape (results in RESULTS.md), and
+three loads of it would double the run's length."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +168,10 @@ class Arrival:
     tenant: int
     turn: int
     """1 for a fresh question, n for the n-th turn of a chat."""
+    number: int
+    """Its question's number ("Question N" in its last message), unique in its run."""
+    conversation: int
+    """The number of the question that opened its chat (its own for a fresh question)."""
     body: bytes = field(repr=False)
 
 
@@ -114,6 +185,12 @@ def tenant_prompts(shape: WorkloadShape) -> list[str]:
     ]
 
 
+def tenant_weights(shape: WorkloadShape) -> list[float]:
+    """Each tenant's probability of being drawn."""
+    raw = [1.0 / (tenant + 1) ** shape.zipf for tenant in range(shape.tenants)]
+    return [weight / sum(raw) for weight in raw]
+
+
 def _words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(count))
 
@@ -122,29 +199,36 @@ def arrivals(shape: WorkloadShape, model: str, rate: float, duration_s: float) -
     """The requests of one run at `rate` per second for `duration_s` seconds, in send order."""
     rng = random.Random(f"{shape.seed}-{rate}-{duration_s}")
     systems = tenant_prompts(shape)
-    chats: dict[int, list[list[dict[str, str]]]] = {t: [] for t in range(shape.tenants)}
+    chats: dict[int, list[tuple[int, list[dict[str, str]]]]] = {t: [] for t in range(shape.tenants)}
+    population = range(shape.tenants)
+    cumulative = list(itertools.accumulate(tenant_weights(shape)))
     out: list[Arrival] = []
     at = rng.expovariate(rate)
     number = 0
     while at < duration_s:
         number += 1
-        tenant = rng.randrange(shape.tenants)
+        if shape.zipf:
+            tenant = rng.choices(population, cum_weights=cumulative)[0]
+        else:
+            tenant = rng.randrange(shape.tenants)
         question = f"Question {number}: {_words(rng, shape.question_words)}?"
         open_chats = chats[tenant]
         if open_chats and rng.random() < shape.chat_share:
-            history = open_chats[rng.randrange(len(open_chats))]
+            chat = open_chats[rng.randrange(len(open_chats))]
+            conversation, history = chat
             history.append({"role": "assistant", "content": _words(rng, shape.answer_words)})
             history.append({"role": "user", "content": question})
             messages = [dict(message) for message in history]
             if len(history) // 2 >= shape.max_turns:
-                open_chats.remove(history)
+                open_chats.remove(chat)
         else:
             messages = [
                 {"role": "system", "content": systems[tenant]},
                 {"role": "user", "content": question},
             ]
+            conversation = number
             if len(open_chats) < shape.open_chats_per_tenant:
-                open_chats.append([dict(message) for message in messages])
+                open_chats.append((number, [dict(message) for message in messages]))
         body = {
             "model": model,
             "messages": messages,
@@ -153,6 +237,6 @@ def arrivals(shape: WorkloadShape, model: str, rate: float, duration_s: float) -
             "stream_options": {"include_usage": True},
         }
         turn = sum(1 for message in messages if message["role"] == "user")
-        out.append(Arrival(at, tenant, turn, json.dumps(body).encode()))
+        out.append(Arrival(at, tenant, turn, number, conversation, json.dumps(body).encode()))
         at += rng.expovariate(rate)
     return out
