@@ -101,8 +101,8 @@ class PlacementSettings:
     """Overflow past this share of a group's (or the tail's) requests adds a copy (a spill
     engine)."""
     leave_penalty: float = 1.0
-    """A request leaves its homes when their best predicted cost is worse than the fleet's
-    best by more than this many prompts."""
+    """A request leaves its homes when the least queued of them has more queued than the
+    least queued engine by more than this many of its prompts."""
 
 
 @dataclass(slots=True)
@@ -139,9 +139,8 @@ def plan_placement(
     work = first.tail_work + first.home_work
     per_engine = (1 + settings.work_slack) * work / len(rooms)
     count = max(1, math.ceil(first.tail_work / per_engine)) if per_engine > 0 else 1
-    if before is not None and spill_overflow > settings.overflow_share * first.tail_rate:
-        count = max(count, len(before.spill) + 1)
-    count = min(count, len(rooms))
+    had = 0 if before is None else len(before.spill)
+    count = min(_grown(count, had, spill_overflow, first.tail_rate, settings), len(rooms))
     spill = _spill_engines(ids, count, first.load, before)
     tail_share = first.tail_rate / count
     churn = {e: tail_share * first.tail_blocks for e in spill}
@@ -160,9 +159,18 @@ def _copies(
     group: PrefixGroup, before: Plan | None, bound: float, settings: PlacementSettings
 ) -> int:
     copies = max(1, math.ceil(group.rate / bound))
-    if before is not None and group.overflow > settings.overflow_share * group.rate:
-        copies = max(copies, len(before.homes.get(group.key, ())) + 1)
-    return copies
+    had = 0 if before is None else len(before.homes.get(group.key, ()))
+    return _grown(copies, had, group.overflow, group.rate, settings)
+
+
+def _grown(wanted: int, had: int, overflow: float, rate: float, settings: PlacementSettings) -> int:
+    """`wanted` engines, or one more than `had` while over a tenth of `rate` overflowed them,
+    or `had` while some still does (a fifth of that share): no flapping back at once."""
+    if overflow > settings.overflow_share * rate:
+        return max(wanted, had + 1)
+    if overflow > settings.overflow_share * rate / 5:
+        return max(wanted, had)
+    return wanted
 
 
 def _pack(

@@ -32,8 +32,21 @@ bound from firing at the small in-flight counts where it only moves prompts off
 their cache (a bound of (1 + epsilon) x the mean alone cost cache hits).
 Ties go to the fewest in flight, then round-robin from a moving start.
 
-The decision (`choose`) is a pure function of the candidates and their
-predicted cached tokens; `KvAware.select` only asks the index for those.
+With `--kv-placement on` and a fresh plan (`placement.py`, `planning.py`), a
+request whose prefix group has homes is kept to them, and any other (the
+tail, a prefix never seen) to the spill engines: `choose_placed` picks the
+lowest cost there, and leaves for `choose`'s pick only when none of them is
+under the load bound or the least queued of them has more than
+`leave_penalty` prompts more queued than the least queued candidate (queued:
+the cost less the request's own prefill, so that a home not yet holding the
+prefix is not left for the copy elsewhere: that would never move a prefix).
+Such a request counts as overflow, which gives its group another home (the
+tail another spill engine) at the next plan. Every request with a prompt of a
+block or more is counted in its group's traffic, plan or not.
+
+The decisions (`choose`, `choose_placed`) are pure functions of the
+candidates and their predicted cached tokens; `KvAware.select` only asks the
+index for those and counts the traffic.
 """
 
 from __future__ import annotations
@@ -105,7 +118,7 @@ def choose(
     """The engine with the lowest `ttft_cost` among those under the load bound (all, if none
     is); `cached[i]` is what `candidates[i]` holds of the prompt, `start` rotates ties."""
     bound = _bound(candidates, routing, epsilon)
-    return _lowest(candidates, cached, prompt, routing, bound, start, range(len(candidates)))[0]
+    return _lowest(candidates, cached, prompt, routing, bound, start, range(len(candidates)))
 
 
 def choose_placed(
@@ -120,20 +133,24 @@ def choose_placed(
     penalty: float,
 ) -> tuple[Engine | None, bool]:
     """`choose` kept to the engines named in `homes` (a prefix's homes, or the spill engines)
-    while one of them is under the load bound and costs at most `penalty` more than the
-    fleet's best; and whether the request left them for that best."""
+    while one of them is under the load bound and has at most `penalty` more queued (its
+    predicted cost less its uncached part) than the least queued candidate; and whether the
+    request left them for `choose`'s pick."""
     bound = _bound(candidates, routing, epsilon)
     everywhere = range(len(candidates))
-    best, best_cost = _lowest(candidates, cached, prompt, routing, bound, start, everywhere)
-    if best is None or best.id in homes:
-        return best, False
     inside = [i for i, engine in enumerate(candidates) if engine.id in homes]
-    if not inside:
-        return best, False
-    home, home_cost = _lowest(candidates, cached, prompt, routing, bound, start, inside)
-    if home is None or home_cost - best_cost > penalty:
-        return best, True
-    return home, False
+    home = _lowest(candidates, cached, prompt, routing, bound, start, inside) if inside else None
+    if home is not None:
+        queued = min(_queued(engine.load, routing) for engine in candidates)
+        if _queued(home.load, routing) - queued <= penalty:
+            return home, False
+    best = _lowest(candidates, cached, prompt, routing, bound, start, everywhere)
+    return best, bool(inside) and best is not None and best.id not in homes
+
+
+def _queued(load: EngineLoad, routing: KvRouting) -> float:
+    """What an engine's predicted cost holds besides the request's own prefill."""
+    return ttft_cost(0, 0, load, routing)
 
 
 def _bound(candidates: Sequence[Engine], routing: KvRouting, epsilon: float) -> int | None:
@@ -154,8 +171,8 @@ def _lowest(
     bound: int | None,
     start: int,
     among: Sequence[int],
-) -> tuple[Engine | None, float]:
-    """Of `candidates[i]` for i in `among`, under `bound`, the lowest cost and that cost."""
+) -> Engine | None:
+    """Of `candidates[i]` for i in `among`, under `bound`, the one of lowest cost."""
     count = len(among)
     best: Engine | None = None
     best_key = (0.0, 0)
@@ -170,7 +187,7 @@ def _lowest(
         key = (cost + (routing.miss_weight - 1) * uncached, load.in_flight)
         if best is None or key < best_key:
             best, best_key = engine, key
-    return best, best_key[0]
+    return best
 
 
 class KvAware:
@@ -194,14 +211,12 @@ class KvAware:
         cached = [0] * len(candidates) if kv is None else [kv.cached(e) for e in candidates]
         self._cursor += 1
         placement = self.routing.placement
-        if placement is None or kv is None or not candidates:
-            return choose(
-                candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
-            )
-        keys, size = kv.keys(candidates[0])
-        group = placement.traffic.observe(keys, prompt / size if size else 0.0)
-        plan = placement.current()
-        if plan is None or group is None:
+        group = plan = None
+        if placement is not None and kv is not None and candidates:
+            keys, size = kv.keys(candidates[0])
+            group = placement.traffic.observe(keys, prompt / size if size else 0.0)
+            plan = placement.current()
+        if placement is None or plan is None or group is None:
             return choose(
                 candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
             )
