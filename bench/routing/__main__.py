@@ -14,6 +14,7 @@ from bench import routing
 from bench.common.harness import BENCH, BenchError, add_run_arguments, run_benchmark, say
 from bench.common.peers import runnable_targets
 from bench.common.processes import Processes
+from bench.routing.bounds_report import Analysed, analyse, render_bounds
 from bench.routing.fleet import (
     ENGINES,
     KV_BLOCKS,
@@ -25,12 +26,15 @@ from bench.routing.report import (
     Recovery,
     Row,
     highest_load_summary,
+    lag_warnings,
     plot,
+    render_cells,
     render_recoveries,
     render_table,
 )
-from bench.routing.run import FAULTS, Settings, run_target
+from bench.routing.run import FAULTS, RunKey, Settings, run_target
 from bench.routing.targets import TARGETS
+from bench.routing.trace import RunTrace
 from bench.routing.workload import DEFAULT_WORKLOADS, WORKLOADS, Workload
 
 PLOT_NAME = "routing-ttft-p90.png"
@@ -57,7 +61,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="unmeasured requests sent first in each run (default 200; quick 120)",
     )
     parser.add_argument(
-        "--duration", type=float, help="measured seconds per run (default 30; quick 20)"
+        "--requests",
+        type=int,
+        help="measured requests per run, i.e. per seed (default 400; quick 240)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help="runs per workload and load, each its own seed (default 3; quick 1)",
     )
     parser.add_argument(
         "--drain", type=float, default=15.0, help="seconds a request may outlive the last send"
@@ -71,7 +82,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--fault",
         choices=sorted(FAULTS),
         help="inject this KV-event stream fault into one engine a third into each window "
-        "and report TTFT's recovery (use a longer --duration, e.g. 36)",
+        "and report TTFT's recovery (use more --requests, e.g. 36 s' worth)",
     )
     return parser.parse_args(argv)
 
@@ -90,7 +101,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         workloads=_workloads(names),
         rates=tuple(float(rate) for rate in args.rates.split(",")) if args.rates else None,
         warmup_requests=args.warmup if args.warmup is not None else (120 if args.quick else 200),
-        duration_s=args.duration if args.duration is not None else (20.0 if args.quick else 30.0),
+        requests=args.requests if args.requests is not None else (240 if args.quick else 400),
+        seeds=args.seeds if args.seeds is not None else (1 if args.quick else 3),
         drain_s=args.drain,
         targets=targets,
         require_peers=args.require_peers,
@@ -101,6 +113,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _report(
     rows: Sequence[Row],
+    analysed: Sequence[Analysed],
     recoveries: Sequence[Recovery],
     skipped: dict[str, str],
     settings: Settings,
@@ -117,19 +130,20 @@ def _report(
             f"- fleet: {ENGINES} sim-engines, --kv-blocks {KV_BLOCKS} --block-size 16 "
             f"--prefill-tokens-per-s {PREFILL_TOKENS_PER_S} --token-delay {TOKEN_DELAY_S}",
             f"- per run: caches reset, warm-up {settings.warmup_requests} requests, "
-            f"{settings.duration_s:g} s measured, "
-            f"drain {settings.drain_s:g} s; Poisson arrivals, open loop",
+            f"{settings.requests} requests measured, drain {settings.drain_s:g} s; Poisson "
+            f"arrivals, open loop; {settings.seeds} seed(s) per workload and load, ± is the 95 % "
+            "interval over seeds (Student's t on the per-seed values)",
             "",
             *notes,
             "",
-            *(_workload_section(workload, rows) for workload in settings.workloads),
+            *(_workload_section(workload, rows, analysed) for workload in settings.workloads),
             render_recoveries(recoveries),
             "",
         ]
     )
 
 
-def _workload_section(workload: Workload, rows: Sequence[Row]) -> str:
+def _workload_section(workload: Workload, rows: Sequence[Row], analysed: Sequence[Analysed]) -> str:
     own = [row for row in rows if row.workload == workload.name]
     return "\n".join(
         [
@@ -137,9 +151,17 @@ def _workload_section(workload: Workload, rows: Sequence[Row]) -> str:
             "",
             workload.shape.describe(),
             "",
-            render_table(own),
+            render_cells(own),
+            "",
+            *lag_warnings(own),
+            "",
+            render_bounds(workload.name, analysed),
             "",
             highest_load_summary(own),
+            "",
+            f"### `{workload.name}` per seed",
+            "",
+            render_table(own),
             "",
         ]
     )
@@ -150,6 +172,7 @@ def _run(settings: Settings) -> int:
     stamp = started.strftime("%Y%m%d-%H%M%S")
     log_dir = settings.out_dir / f"routing-{stamp}-logs"
     rows: list[Row] = []
+    traces: list[tuple[str, RunKey, RunTrace]] = []
     recoveries: list[Recovery] = []
     skipped: dict[str, str] = {}
     began = time.monotonic()
@@ -157,12 +180,16 @@ def _run(settings: Settings) -> int:
         engines = start_engines(procs)
         for target in settings.targets:
             try:
-                rows += run_target(procs, target, engines, settings, recoveries)
+                for key, row, trace in run_target(procs, target, engines, settings, recoveries):
+                    rows.append(row)
+                    traces.append((target.name, key, trace))
             except BenchError as error:
                 skipped[target.name] = str(error).splitlines()[0]
                 say(f"{target.name} not measured: {error}")
+    say("replaying the traces through the cache model and searching the bounds")
     report = _report(
         rows,
+        analyse(traces),
         recoveries,
         skipped,
         settings,

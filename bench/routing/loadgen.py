@@ -3,9 +3,11 @@
 Every request is sent at its scheduled offset whether or not earlier ones have
 finished (one asyncio task each, a connection pool without a limit), streamed,
 and timed: time to first token is the arrival of the first chunk with content,
-end-to-end is the end of the stream. `lag_s` is how late the generator itself
-sent each request (actual minus scheduled): if its p99 is large, the
-generator, not the router, shaped the numbers.
+end-to-end is the end of the stream. Each answer's engine (the chunks'
+`system_fingerprint`: the sim-engine's name) and its usage's prompt and
+cached tokens are kept too, for the run's trace (`trace.py`). `lag_s` is
+how late the generator itself sent each request (actual minus scheduled):
+if its p99 is large, the generator, not the router, shaped the numbers.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class Outcome:
     e2e_s: float | None
     output_tokens: int
     error: str | None
+    engine: str | None = None
+    """The answering engine's name (`system_fingerprint`)."""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens the engine found cached, as its usage reported them."""
 
 
 async def _one(
@@ -44,6 +51,9 @@ async def _one(
     lag = sent - (start + arrival.at_s)
     ttft: float | None = None
     tokens = 0
+    engine: str | None = None
+    prompt: int | None = None
+    cached: int | None = None
     try:
         timeout = aiohttp.ClientTimeout(total=max(deadline - sent, 0.1))
         headers = {"Content-Type": "application/json"}
@@ -54,17 +64,21 @@ async def _one(
                 if not line.startswith(b"data: {"):
                     continue
                 chunk = json.loads(line[6:])
+                engine = engine or chunk.get("system_fingerprint")
                 choices = chunk.get("choices") or []
                 if ttft is None and any((c.get("delta") or {}).get("content") for c in choices):
                     ttft = time.monotonic() - sent
                 usage = chunk.get("usage")
                 if usage:
                     tokens = int(usage.get("completion_tokens") or 0)
+                    prompt = usage.get("prompt_tokens")
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-        return Outcome(arrival, lag, ttft, None, tokens, type(error).__name__)
+        return Outcome(arrival, lag, ttft, None, tokens, type(error).__name__, engine)
     if ttft is None:
-        return Outcome(arrival, lag, None, None, tokens, "no content")
-    return Outcome(arrival, lag, ttft, time.monotonic() - sent, tokens, None)
+        return Outcome(arrival, lag, None, None, tokens, "no content", engine)
+    e2e = time.monotonic() - sent
+    return Outcome(arrival, lag, ttft, e2e, tokens, None, engine, prompt, cached)
 
 
 async def run_open_loop(

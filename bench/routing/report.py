@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.routing.intervals import interval
 from bench.routing.loadgen import Outcome
 
 __all__ = [
+    "LAG_WARNING_MS",
     "Recovery",
     "Row",
     "highest_load_summary",
+    "lag_warnings",
     "plot",
     "recovery",
+    "render_cells",
     "render_recoveries",
     "render_table",
     "summarise",
@@ -37,6 +42,8 @@ class Row:
     router_cpu_us: float | None
     lag_p99_ms: float
     split: str
+    ttft_mean: float | None = None
+    seed: int = 0
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -81,6 +88,7 @@ def summarise(
         router_cpu_us=cpu,
         lag_p99_ms=(_pct(lag, 0.99) or 0.0) * 1e3,
         split=split,
+        ttft_mean=statistics.fmean(ttft) if ttft else None,
     )
 
 
@@ -89,10 +97,10 @@ def _s(value: float | None) -> str:
 
 
 _HEAD = (
-    "| target | load req/s | sent | failed | TTFT p50 s | TTFT p90 s | TTFT p99 s "
+    "| target | load req/s | seed | sent | failed | TTFT p50 s | TTFT p90 s | TTFT p99 s "
     "| e2e p50 s | e2e p90 s | output tok/s | cache hit % | router CPU µs/req "
     "| engine split % | gen lag p99 ms |\n"
-    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
 )
 
 
@@ -102,11 +110,58 @@ def render_table(rows: Sequence[Row]) -> str:
         hit = "—" if row.hit_rate is None else f"{100 * row.hit_rate:.1f}"
         cpu = "—" if row.router_cpu_us is None else f"{row.router_cpu_us:,.0f}"
         lines.append(
-            f"| {row.target} | {row.rate:g} | {row.sent} | {row.failed} | {_s(row.ttft_p50)} "
+            f"| {row.target} | {row.rate:g} | {row.seed} | {row.sent} | {row.failed} "
+            f"| {_s(row.ttft_p50)} "
             f"| {_s(row.ttft_p90)} | {_s(row.ttft_p99)} | {_s(row.e2e_p50)} | {_s(row.e2e_p90)} "
             f"| {row.out_tok_s:.0f} | {hit} | {cpu} | {row.split} | {row.lag_p99_ms:.1f} |"
         )
     return "\n".join(lines)
+
+
+def _ci(values: Sequence[float | None], scale: float = 1.0, digits: int = 2) -> str:
+    known = [scale * v for v in values if v is not None]
+    if not known:
+        return "—"
+    mean, half = interval(known)
+    return f"{mean:.{digits}f}" + ("" if half is None else f" ± {half:.{digits}f}")
+
+
+_CELL_HEAD = (
+    "| target | load req/s | seeds | measured | failed | cache hit % | TTFT mean s | TTFT p90 s "
+    "| TTFT p99 s | e2e p90 s | router CPU µs/req | engine split % per seed | gen lag p99 ms |\n"
+    "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|"
+)
+
+
+def render_cells(rows: Sequence[Row]) -> str:
+    """One line per target and load: the mean over seeds, ± the 95 % interval (`intervals.py`)."""
+    lines = [_CELL_HEAD]
+    for target, rate in dict.fromkeys((row.target, row.rate) for row in rows):
+        cell = [row for row in rows if row.target == target and row.rate == rate]
+        cpu = [row.router_cpu_us for row in cell if row.router_cpu_us is not None]
+        lines.append(
+            f"| {target} | {rate:g} | {len(cell)} | {sum(r.sent for r in cell)} "
+            f"| {sum(r.failed for r in cell)} | {_ci([r.hit_rate for r in cell], 100, 1)} "
+            f"| {_ci([r.ttft_mean for r in cell])} | {_ci([r.ttft_p90 for r in cell])} "
+            f"| {_ci([r.ttft_p99 for r in cell])} | {_ci([r.e2e_p90 for r in cell])} "
+            f"| {statistics.fmean(cpu) if cpu else 0:,.0f} | {'; '.join(r.split for r in cell)} "
+            f"| {max(r.lag_p99_ms for r in cell):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+LAG_WARNING_MS = 50.0
+"""A generator later than this at p99 shaped the numbers itself."""
+
+
+def lag_warnings(rows: Sequence[Row]) -> list[str]:
+    return [
+        f"- WARNING: the generator's send lag p99 was {row.lag_p99_ms:.0f} ms for {row.target} "
+        f"at {row.rate:g} req/s, seed {row.seed} (over {LAG_WARNING_MS:g} ms): the generator, "
+        "not only the router, shaped that run's times"
+        for row in rows
+        if row.lag_p99_ms > LAG_WARNING_MS
+    ]
 
 
 def highest_load_summary(rows: Sequence[Row]) -> str:
@@ -116,7 +171,8 @@ def highest_load_summary(rows: Sequence[Row]) -> str:
         return ""
     top = max(row.rate for row in rows)
     at_top = [row for row in rows if row.rate == top]
-    lines = [f"At {rows[0].workload}'s highest load ({top:g} req/s):", ""]
+    lines = [f"At {rows[0].workload}'s highest load ({top:g} req/s), seed {rows[0].seed}:", ""]
+    at_top = [row for row in at_top if row.seed == rows[0].seed]
     for row in sorted(at_top, key=lambda r: r.ttft_p90 if r.ttft_p90 is not None else 1e9):
         hit = "—" if row.hit_rate is None else f"{100 * row.hit_rate:.1f} %"
         lines.append(f"- {row.target}: TTFT p90 {_s(row.ttft_p90)} s, hit rate {hit}")
@@ -134,7 +190,8 @@ def highest_load_summary(rows: Sequence[Row]) -> str:
 
 
 def plot(rows: Sequence[Row], paths: Sequence[Path]) -> None:
-    """TTFT p90 against load, one line per target, written to every path in `paths`."""
+    """TTFT p90 (the mean over seeds) against load, one line per workload and target, written to
+    every path in `paths`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,10 +199,10 @@ def plot(rows: Sequence[Row], paths: Sequence[Path]) -> None:
 
     figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
     for workload, target in dict.fromkeys((row.workload, row.target) for row in rows):
+        own = [r for r in rows if r.workload == workload and r.target == target and r.ttft_p90]
         points = [
-            (r.rate, r.ttft_p90)
-            for r in rows
-            if r.workload == workload and r.target == target and r.ttft_p90
+            (rate, statistics.fmean(r.ttft_p90 or 0.0 for r in own if r.rate == rate))
+            for rate in sorted({r.rate for r in own})
         ]
         if points:
             style = "k--" if target == "oracle" else "-o"

@@ -6,6 +6,8 @@ The method: bench/routing/__init__.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,14 +19,15 @@ from bench.common.harness import HEADCOUNT_BIN, BenchError, say
 from bench.common.httpcall import http_call
 from bench.common.processes import Proc, Processes, block_until
 from bench.common.procfs import tree_cpu_seconds
-from bench.routing.fleet import ENGINES, MODEL, Engine, counters, reset_caches, served
+from bench.routing.fleet import BLOCK_SIZE, ENGINES, MODEL, Engine, counters, reset_caches, served
 from bench.routing.loadgen import Outcome, run_open_loop
 from bench.routing.report import Recovery, Row, recovery, summarise
 from bench.routing.targets import Target
+from bench.routing.trace import RunTrace, Schedule, run_trace, schedule_accesses
 from bench.routing.workload import Workload, WorkloadShape, arrivals
 from headcount.sim.loopback import free_port
 
-__all__ = ["FAULTS", "Settings", "run_target"]
+__all__ = ["FAULTS", "RunKey", "Settings", "run_target", "schedule_of"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,10 @@ class Settings:
     rates: tuple[float, ...] | None
     """Every workload's loads, req/s; None: each workload's own (`Workload.rates`)."""
     warmup_requests: int
-    duration_s: float
+    requests: int
+    """Measured requests per run (per seed): the window lasts `requests / rate` seconds."""
+    seeds: int
+    """Runs per workload and rate, with seeds from the workload's own up."""
     drain_s: float
     targets: tuple[Target, ...]
     require_peers: bool
@@ -42,8 +48,36 @@ class Settings:
     """Inject this event-stream fault (`FAULTS`) into the first engine a third of the way
     into each measured window, and report TTFT's recovery."""
 
-    def rates_of(self, workload: Workload) -> tuple[float, ...]:
-        return self.rates or workload.rates
+    def runs(self) -> list[RunKey]:
+        """Every run each target makes, in order."""
+        return [
+            RunKey(workload, rate, workload.shape.seed + offset)
+            for workload in self.workloads
+            for rate in self.rates or workload.rates
+            for offset in range(self.seeds)
+        ]
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """One run's requests: a workload at a rate with a seed (the same for every target)."""
+
+    workload: Workload
+    rate: float
+    seed: int
+
+
+@functools.cache
+def schedule_of(key: RunKey, warmup_requests: int, requests: int) -> Schedule:
+    """The run's arrivals and their blocks, computed once for every target."""
+    warmup_s, duration_s = warmup_requests / key.rate, requests / key.rate
+    shape = dataclasses.replace(key.workload.shape, seed=key.seed)
+    return schedule_accesses(
+        arrivals(shape, MODEL, key.rate, warmup_s + duration_s),
+        warmup_s,
+        BLOCK_SIZE,
+        shape.max_tokens,
+    )
 
 
 FAULTS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
@@ -99,18 +133,18 @@ def start_router(
 
 def measure(
     target: Target,
-    workload: Workload,
-    rate: float,
+    key: RunKey,
     router: Proc,
     port: int,
     engines: Sequence[Engine],
     settings: Settings,
     recoveries: list[Recovery],
-) -> Row:
+) -> tuple[Row, RunTrace]:
     """One measured run; with `settings.fault`, its recovery is appended to `recoveries`."""
     reset_caches(engines)
-    warmup_s = settings.warmup_requests / rate
-    schedule = arrivals(workload.shape, MODEL, rate, warmup_s + settings.duration_s)
+    rate = key.rate
+    warmup_s, duration_s = settings.warmup_requests / rate, settings.requests / rate
+    schedule = schedule_of(key, settings.warmup_requests, settings.requests)
     marks: dict[str, object] = {}
 
     async def at_window_start() -> None:
@@ -119,7 +153,7 @@ def measure(
         marks["served"] = served(engines)
 
     hooks: list[tuple[float, Callable[[], Awaitable[None]]]] = [(warmup_s, at_window_start)]
-    fault_s = warmup_s + settings.duration_s / 3
+    fault_s = warmup_s + duration_s / 3
     if settings.fault is not None:
         inject, undo = (json.dumps(body).encode() for body in FAULTS[settings.fault])
 
@@ -129,17 +163,17 @@ def measure(
 
         hooks.append((fault_s, at_fault))
     outcomes: list[Outcome] = asyncio.run(
-        run_open_loop(f"http://127.0.0.1:{port}", schedule, settings.drain_s, hooks)
+        run_open_loop(f"http://127.0.0.1:{port}", schedule.arrivals, settings.drain_s, hooks)
     )
     if settings.fault is not None:
         engines[0].call("POST", "/sim/kv-events", undo)
         recoveries.append(
             recovery(
-                f"{workload.name}: {target.name}",
+                f"{key.workload.name}: {target.name}",
                 rate,
                 settings.fault,
                 outcomes,
-                (warmup_s, fault_s, warmup_s + settings.duration_s),
+                (warmup_s, fault_s, warmup_s + duration_s),
             )
         )
     if not router.alive():
@@ -153,9 +187,11 @@ def measure(
     split = "/".join(f"{100 * d / sum(deltas):.0f}" for d in deltas) if sum(deltas) else "—"
     measured = [o for o in outcomes if o.arrival.at_s >= warmup_s]
     hit_rate = (hits - hits0) / (queries - queries0) if queries > queries0 else None
-    return summarise(
-        workload.name, target.name, rate, measured, settings.duration_s, hit_rate, cpu, split
+    row = summarise(
+        key.workload.name, target.name, rate, measured, duration_s, hit_rate, cpu, split
     )
+    names = [engine.proc.name for engine in engines]
+    return dataclasses.replace(row, seed=key.seed), run_trace(schedule, outcomes, names)
 
 
 def run_target(
@@ -164,21 +200,20 @@ def run_target(
     engines: Sequence[Engine],
     settings: Settings,
     recoveries: list[Recovery],
-) -> list[Row]:
+) -> list[tuple[RunKey, Row, RunTrace]]:
     router, gateway, port = start_router(procs, target, engines, settings.workloads[0].shape)
-    rows = []
-    cells = [(w, rate) for w in settings.workloads for rate in settings.rates_of(w)]
+    done = []
     try:
-        for workload, rate in cells:
-            row = measure(target, workload, rate, router, port, engines, settings, recoveries)
+        for key in settings.runs():
+            row, trace = measure(target, key, router, port, engines, settings, recoveries)
             say(
-                f"{workload.name:<9} {target.name:<26} {rate:5g} req/s: TTFT p50 {row.ttft_p50} "
-                f"p90 {row.ttft_p90} hit {row.hit_rate} failed {row.failed}/{row.sent} "
-                f"lag p99 {row.lag_p99_ms:.1f} ms"
+                f"{key.workload.name:<9} {target.name:<26} {key.rate:5g} req/s seed {key.seed}: "
+                f"TTFT mean {row.ttft_mean} p90 {row.ttft_p90} hit {row.hit_rate} "
+                f"failed {row.failed}/{row.sent} lag p99 {row.lag_p99_ms:.1f} ms"
             )
-            rows.append(row)
+            done.append((key, row, trace))
     finally:
         if gateway is not None:
             procs.stop(gateway)
         procs.stop(router)
-    return rows
+    return done
