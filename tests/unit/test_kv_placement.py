@@ -6,11 +6,13 @@ keeps its homes when a new one would be only a little better (hysteresis);
 overflow adds a copy, and a spill engine; the same snapshot in any order
 gives the same plan. The traffic (`PrefixTraffic`): a group's head is what
 its requests share; counts decay. The stream (`Placement`): no plan on a
-stale index or an unknown cache size; a plan too old is not used.
+stale index or an unknown cache size; a plan too old is not used; it re-plans
+every interval until closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from headcount.fleet import Engine
@@ -23,7 +25,7 @@ from headcount.routing.kv.placement import (
 )
 from headcount.routing.kv.planning import Placement
 from headcount.routing.kv.traffic import PrefixTraffic, group_key
-from tests.support import engine
+from tests.support import engine, ready_fleet, spec, wait_until
 from tests.support.clock import FakeClock
 
 SETTINGS = PlacementSettings(fill=1.0, min_rate=1.0)
@@ -173,3 +175,20 @@ def test_a_plan_older_than_its_max_age_is_not_used() -> None:
     clock.advance(0.5)
     assert placement.current() is None
     assert placement.status().reason == "the plan is too old"
+
+
+async def test_the_stream_re_plans_every_interval_until_closed() -> None:
+    clock = FakeClock()
+    fleet = ready_fleet(spec("e0"), spec("e1"), clock=clock)
+    for each in fleet.snapshot.routable:
+        each.load.kv_capacity_blocks, each.load.kv_block_size = 100, 16
+    placement = placed(clock)
+    placement.start(fleet, lambda _: True, clock.sleep)
+    await wait_until(lambda: len(clock.slept) >= 3, timeout=5.0, what="three rounds")
+    assert placement.current() is not None
+    assert set(clock.slept) == {SETTINGS.interval}
+    await placement.close()
+    rounds = len(clock.slept)
+    clock.advance(SETTINGS.interval * 5)
+    await asyncio.sleep(0)
+    assert len(clock.slept) == rounds

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from headcount.clock import Clock, Sleep
-from headcount.fleet import Engine
+from headcount.fleet import Engine, Fleet
 from headcount.routing.kv.placement import EngineRoom, PlacementSettings, Plan, plan_placement
 from headcount.routing.kv.traffic import PrefixTraffic
 
@@ -49,10 +49,13 @@ class PlacementStatus:
 class Placement:
     """The traffic counts, and the plan built on them and the fleet every `interval`."""
 
-    def __init__(self, settings: PlacementSettings, clock: Clock = time.monotonic) -> None:
-        self.settings = settings
+    def __init__(
+        self, settings: PlacementSettings | None = None, clock: Clock = time.monotonic
+    ) -> None:
+        self.settings = PlacementSettings() if settings is None else settings
         self._clock = clock
-        self.traffic = PrefixTraffic(settings.half_life)
+        self._task: asyncio.Task[None] | None = None
+        self.traffic = PrefixTraffic(self.settings.half_life)
         self._plan: Plan | None = None
         self._built_at = 0.0
         self._decayed_at = clock()
@@ -115,16 +118,23 @@ class Placement:
         age = self._clock() - self._built_at
         return PlacementStatus(True, self._reason, age, len(plan.homes), plan.spill)
 
-    async def run(
-        self,
-        engines: Callable[[], Sequence[Engine]],
-        usable: Callable[[str], bool],
-        sleep: Sleep = asyncio.sleep,
+    def start(
+        self, fleet: Fleet, usable: Callable[[str], bool], sleep: Sleep = asyncio.sleep
     ) -> None:
-        """Re-plan every `interval` until cancelled."""
+        """Re-plan every `interval` over the fleet's routable engines until `close`."""
+        run = self._run(fleet, usable, sleep)
+        self._task = asyncio.get_running_loop().create_task(run, name="kv placement")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self, fleet: Fleet, usable: Callable[[str], bool], sleep: Sleep) -> None:
         while True:
             try:
-                self.rebuild(engines(), usable)
+                self.rebuild(fleet.snapshot.routable, usable)
             except Exception:
                 _log.exception("kv placement: a plan failed")
             await sleep(self.settings.interval)
