@@ -28,7 +28,7 @@ from headcount.routing.kv.traffic import PrefixTraffic, group_key
 from tests.support import engine, ready_fleet, spec, wait_until
 from tests.support.clock import FakeClock
 
-SETTINGS = PlacementSettings(fill=1.0, min_rate=1.0)
+SETTINGS = PlacementSettings(fill=1.0, min_requests=1.0)
 
 
 def rooms(*blocks: int) -> list[EngineRoom]:
@@ -40,7 +40,7 @@ def group(key: int, rate: float, blocks: int = 10, overflow: float = 0.0) -> Pre
 
 
 def tail(count: int = 10, blocks: int = 10) -> list[PrefixGroup]:
-    """Groups too cold to home (under `min_rate`)."""
+    """Groups too cold to home (under `min_requests`)."""
     return [group(100 + key, 0.5, blocks) for key in range(count)]
 
 
@@ -62,7 +62,7 @@ def test_the_tail_goes_to_one_spill_engine_and_only_hot_groups_have_homes() -> N
 def test_no_engine_is_given_more_homed_blocks_than_its_cache_holds() -> None:
     groups = [group(key, 10.0 - key / 10, blocks=30) for key in range(1, 20)]
     engines = rooms(100, 70, 64, 200)
-    settings = PlacementSettings(fill=0.9, min_rate=1.0, load_slack=10.0)
+    settings = PlacementSettings(fill=0.9, min_requests=1.0, load_slack=10.0)
     plan = plan_placement(groups, engines, None, settings)
     for room in engines:
         held = sum(30 for homes in plan.homes.values() if room.id in homes)
@@ -103,6 +103,15 @@ def test_the_same_snapshot_in_any_order_gives_the_same_plan() -> None:
     again = plan_placement(groups[::-1], engines[::-1], None, SETTINGS)
     assert again == plan
     assert plan.engines == ("e0", "e1", "e2", "e3")
+
+
+def test_replicas_seeing_the_same_shares_of_the_traffic_reach_the_same_plan() -> None:
+    groups = [group(1, 40.0), *(group(key, 10.0) for key in range(2, 6)), *tail()]
+    engines = rooms(100, 100, 100, 100)
+    plan = plan_placement(groups, engines, None, SETTINGS)
+    for scale in (0.5, 1.5):  # a replica that sees half, or 1.5 times, as many requests
+        scaled = [PrefixGroup(g.key, g.blocks, g.rate * scale, g.prompt_blocks) for g in groups]
+        assert plan_placement(scaled, engines, None, SETTINGS) == plan
 
 
 def test_a_single_engine_or_no_traffic_plans_nothing_and_spills_to_the_first() -> None:
@@ -168,7 +177,7 @@ def test_no_plan_while_an_engines_cache_size_is_not_scraped() -> None:
 
 def test_a_plan_older_than_its_max_age_is_not_used() -> None:
     clock = FakeClock()
-    placement = placed(clock, PlacementSettings(fill=1.0, min_rate=1.0, max_age=6.0))
+    placement = placed(clock, PlacementSettings(fill=1.0, min_requests=1.0, max_age=6.0))
     placement.rebuild(fleet(), lambda _: True)
     clock.advance(6.0)
     assert placement.current() is not None

@@ -29,9 +29,11 @@ Hysteresis (moving a prefix costs a full prefill on its new home): a group
 homed before ranks as if its rate were `1 + margin` times higher, and keeps
 its homes, and the spill set its engines, as long as they still fit.
 
-Deterministic: groups are ordered by rate then key, engines by id; so
-replicas that see the same events and traffic shares (the rates are
-relative; only their ratios matter) reach the same plan.
+Deterministic: groups are ordered by rate then key, engines by id, and
+every bound is a share of the total (the load bound, the work bound, the
+tail's cut at `min_share`; only `min_requests`, a noise floor, counts
+requests), so replicas that see the same events and the same traffic shares
+reach the same plan, whatever their share of the whole.
 """
 
 from __future__ import annotations
@@ -95,8 +97,10 @@ class PlacementSettings:
     request_blocks: float = 16.0
     """A request's work besides its uncached blocks (scheduling, decode), in blocks."""
     margin: float = 0.2
-    min_rate: float = 1.5
-    """A group with fewer decayed requests is tail."""
+    min_requests: float = 1.5
+    """A group with fewer decayed requests is tail: the noise floor, the one absolute count."""
+    min_share: float = 0.005
+    """A group with a smaller share of the requests is tail."""
     overflow_share: float = 0.1
     """Overflow past this share of a group's (or the tail's) requests adds a copy (a spill
     engine)."""
@@ -135,7 +139,8 @@ def plan_placement(
     ranked = sorted(groups, key=lambda g: (-_rank(g, before, settings), g.key))
     bound = (1 + settings.load_slack) * total / len(rooms)
     rate_room = dict.fromkeys(ids, bound)
-    first = _pack(ranked, rooms, rate_room, {}, before, settings, bound)
+    floor = max(settings.min_requests, settings.min_share * total)
+    first = _pack(ranked, rooms, rate_room, {}, before, settings, bound, floor)
     work = first.tail_work + first.home_work
     per_engine = (1 + settings.work_slack) * work / len(rooms)
     count = max(1, math.ceil(first.tail_work / per_engine)) if per_engine > 0 else 1
@@ -146,7 +151,7 @@ def plan_placement(
     churn = {e: tail_share * first.tail_blocks for e in spill}
     for engine in spill:
         rate_room[engine] = bound - tail_share
-    second = _pack(ranked, rooms, rate_room, churn, before, settings, bound)
+    second = _pack(ranked, rooms, rate_room, churn, before, settings, bound, floor)
     return Plan(second.homes, spill, ids)
 
 
@@ -181,6 +186,7 @@ def _pack(
     before: Plan | None,
     settings: PlacementSettings,
     bound: float,
+    floor: float,
 ) -> _Packing:
     capacity = {e.id: e.blocks * settings.fill for e in rooms}
     used = dict.fromkeys(capacity, 0.0)
@@ -188,7 +194,7 @@ def _pack(
     packing = _Packing({}, load, 0.0, 0.0, 0.0, 0.0)
     for group in ranked:
         chosen: list[str] = []
-        if group.rate >= settings.min_rate:
+        if group.rate >= floor:
             copies = min(_copies(group, before, bound, settings), len(rooms))
             share = group.rate / copies
             kept = () if before is None else before.homes.get(group.key, ())

@@ -1,8 +1,8 @@
 """The placement plan as a stream: re-built every `interval` seconds, used only while fresh.
 
 `Placement` owns the traffic counts (`traffic.py`) and the current plan
-(`placement.py`). `run` re-plans every `interval` over the fleet's routable
-engines; a round gives no plan, and routing falls back to the greedy choice,
+(`placement.py`). Once started, it re-plans every `interval` over the
+fleet's routable engines; a round gives no plan, and routing falls back to the greedy choice,
 when an engine's cache index is not usable (stale, off: the plan would rest
 on what the router cannot know), when an engine's cache size or block size
 is not scraped yet, or when the engines' block sizes differ. A plan older
