@@ -83,6 +83,8 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class PlacementSettings:
+    """What the planner and the per-request choice weigh; `--kv-placement on` uses these."""
+
     interval: float = 2.0
     """Seconds between two plans."""
     max_age: float = 6.0
@@ -113,6 +115,7 @@ class PlacementSettings:
 class _Packing:
     homes: dict[BlockKey, tuple[str, ...]]
     load: dict[str, float]
+    """Homed requests per engine."""
     tail_rate: float
     tail_work: float
     home_work: float
