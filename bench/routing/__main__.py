@@ -136,20 +136,29 @@ def _report(
             "",
             *notes,
             "",
-            *(_workload_section(workload, rows, analysed) for workload in settings.workloads),
+            *(
+                _workload_section(workload, rows, analysed, settings)
+                for workload in settings.workloads
+            ),
             render_recoveries(recoveries),
             "",
         ]
     )
 
 
-def _workload_section(workload: Workload, rows: Sequence[Row], analysed: Sequence[Analysed]) -> str:
+def _seeds(workload: Workload, settings: Settings) -> str:
+    return ", ".join(str(workload.shape.seed + offset) for offset in range(settings.seeds))
+
+
+def _workload_section(
+    workload: Workload, rows: Sequence[Row], analysed: Sequence[Analysed], settings: Settings
+) -> str:
     own = [row for row in rows if row.workload == workload.name]
     return "\n".join(
         [
             f"## Workload `{workload.name}`",
             "",
-            workload.shape.describe(),
+            f"{workload.shape.describe()}; seeds {_seeds(workload, settings)}",
             "",
             render_cells(own),
             "",

@@ -98,7 +98,7 @@ def best_fixed_assignment(
     capacity: int,
     *,
     tolerance: float = 0.10,
-    restarts: int = 3,
+    restarts: int = 4,
     steps: int = 1500,
     seed: int = 0,
 ) -> Placement:
@@ -125,13 +125,22 @@ def best_fixed_assignment(
         {},
     )
     demand = [sum(measured[i] for i in parts.get((t, 1, 0), [])) for t in range(count)]
+    size = [
+        max((len(accesses[i].blocks) for i in parts.get((t, 1, 0), [])), default=0)
+        for t in range(count)
+    ]
+    hottest = sorted(range(count), key=lambda t: -demand[t])
     rng = random.Random(seed)
     best: Placement | None = None
     for restart in range(restarts):
-        order = sorted(range(count), key=lambda t: -demand[t])
-        if restart:
-            rng.shuffle(order)
-        found = _search(problem, _greedy(order, demand, engines, problem.high), rng, steps)
+        if restart % 2 == 0:
+            order = list(hottest)
+            if restart:
+                rng.shuffle(order)
+            start = _greedy(order, demand, engines, problem.high)
+        else:
+            start = _spill(hottest, demand, size, engines, capacity, problem.high)
+        found = _search(problem, start, demand, rng, steps)
         if best is None or _better(found, best):
             best = found
     assert best is not None
@@ -152,14 +161,48 @@ def _greedy(
     return homes
 
 
+def _spill(
+    hottest: Sequence[int],
+    demand: Sequence[int],
+    size: Sequence[int],
+    engines: int,
+    capacity: int,
+    high: float,
+) -> list[tuple[int, ...]]:
+    """The hottest tenants packed onto all engines but the last while they fit its cache
+    and load bound, copied when too busy for one; the rest spill onto the last."""
+    loads = [0.0] * engines
+    held = [0] * engines
+    homes: list[tuple[int, ...]] = [(engines - 1,)] * len(demand)
+    for tenant in hottest:
+        fits = [
+            e for e in range(engines - 1) if held[e] + size[tenant] <= capacity and loads[e] < high
+        ]
+        if not fits:
+            continue
+        fits.sort(key=lambda e: loads[e])
+        copies = 2 if demand[tenant] > high and len(fits) > 1 else 1
+        homes[tenant] = tuple(fits[:copies])
+        for engine in homes[tenant]:
+            loads[engine] += demand[tenant] / copies
+            held[engine] += size[tenant]
+    return homes
+
+
 def _search(
-    problem: _Problem, homes: list[tuple[int, ...]], rng: random.Random, steps: int
+    problem: _Problem,
+    homes: list[tuple[int, ...]],
+    demand: Sequence[int],
+    rng: random.Random,
+    steps: int,
 ) -> Placement:
     current = problem.place(homes)
     count, engines = len(homes), problem.engines
+    population = range(count)
+    weights = [d + 1 for d in demand]
     for _ in range(steps):
         trial = list(current.homes)
-        tenant = rng.randrange(count)
+        tenant = rng.choices(population, weights)[0] if rng.random() < 0.5 else rng.randrange(count)
         own = trial[tenant]
         move = rng.randrange(3)
         others = [e for e in range(engines) if e not in own]
@@ -181,6 +224,6 @@ def _search(
         else:
             continue
         candidate = problem.place(trial)
-        if _better(candidate, current):
+        if not _better(current, candidate):
             current = candidate
     return current

@@ -91,11 +91,12 @@ def render_bounds(workload: str, analysed: Sequence[Analysed]) -> str:
         at_rate = [a for a in analysed if a.key.rate == rate]
         schedules = {a.key.seed: a.bounds for a in at_rate}
         pooled = _pct([b.pooled_rate for b in schedules.values()])
+        pooled_lru = _pct([b.pooled_lru_rate for b in schedules.values()])
         fixed = _pct([b.fixed_rate for b in schedules.values()])
         infeasible = sum(1 for b in schedules.values() if b.fixed.violation)
         lines += [
-            f"At {rate:g} req/s over {len(schedules)} seed(s): pooled bound {pooled} % hits, "
-            f"best fixed assignment {fixed} %"
+            f"At {rate:g} req/s over {len(schedules)} seed(s): pooled bound {pooled} % hits "
+            f"(the same pooled cache under LRU: {pooled_lru} %), best fixed assignment {fixed} %"
             + (f" ({infeasible} not within the load bound)" if infeasible else "")
             + ".",
             "",

@@ -3,20 +3,21 @@
 A trace is the run's requests in arrival order, each an `Access`: its prompt's
 full blocks (ids standing for vLLM's chained block hashes, so two requests
 share a block only if they share everything before it), how many of them can
-hit, and how many blocks its output fills.
+hit, and how many other blocks it held.
 
 - `lru_hits`: one engine as the simulator's block pool keeps it
   (src/headcount/sim/engine/block_pool.py). A request hits the longest run of
   its leading blocks that is cached, at most `limit` (vLLM recomputes the last
   prompt token). Its blocks are then all cached and, as a request frees its
-  blocks tail first when it ends, they join the eviction queue output first,
-  then the prompt from its last block to its first, so its first block is
-  the last of them to go. Blocks beyond `capacity` are evicted from the
-  head of the queue (least recently freed).
-  Simplifications, stated: a request's blocks are used and freed at its
-  arrival (the engine frees them when it ends, a second or so later), and the
-  blocks running requests hold apart from the cached ones are not modelled:
-  the caller passes the capacity net of them.
+  blocks tail first when it ends, they join the eviction queue from its last
+  block to its first, so its first block is the last of them to go; the
+  blocks it held beyond its prompt's full ones (`output_blocks`) queue too,
+  cached or not, and go first. Beyond `capacity` blocks, the head of the
+  queue (least recently freed) is evicted. Run one request at a time, the
+  simulator hits exactly this (tests/unit/test_bench_routing_trace.py).
+  The one simplification: a request's blocks are taken and freed at its
+  arrival, where the engine frees them when it ends, a second or so later,
+  and meanwhile admits other requests.
 - `fleet_hits`: every engine an `lru_hits` cache, each request replayed on
   the engine it went to.
 - `belady_hits`: one cache and clairvoyant eviction (Belady: evict the block
@@ -47,7 +48,8 @@ class Access:
     limit: int
     """How many of its leading blocks may hit: (prompt tokens - 1) // block size."""
     output_blocks: int = 0
-    """Blocks its output fills: cached too, and never asked for again."""
+    """The other blocks it held (its output's, and a partly filled last one): they queue for
+    eviction as the cached ones do, and are never asked for again."""
 
 
 def _leading_hits(access: Access, cached: Container[int]) -> int:

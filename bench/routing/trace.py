@@ -53,7 +53,8 @@ def schedule_accesses(
             ids.setdefault(digest, len(ids)) for digest in block_digests(prompt, block_size, None)
         )
         size = len(prompt)
-        output = (size + max_tokens - 1) // block_size - size // block_size
+        # Every block it held beyond its prompt's full ones, the last partly filled one too.
+        output = -(-(size + max_tokens - 1) // block_size) - size // block_size
         accesses.append(Access(blocks, (size - 1) // block_size, output))
         prompt_tokens.append(size)
     return Schedule(

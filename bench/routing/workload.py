@@ -126,7 +126,7 @@ class WorkloadShape:
             f"{self.tenants} tenants ({popularity}), {self.system_words:,}-word system prompts, "
             f"{self.question_words}-word questions, {100 * self.chat_share:g} % chat turns "
             f"(up to {self.max_turns}, {self.answer_words}-word answers), "
-            f"{self.max_tokens} output tokens, seed {self.seed}"
+            f"{self.max_tokens} output tokens"
         )
 
 
