@@ -101,12 +101,12 @@ def test_a_few_more_in_flight_do_not_move_a_prompt_off_its_cache() -> None:
     assert kv.select(engines, features(kv, PROMPT)) is engines[1]
 
 
-def test_a_miss_counts_twice_so_a_prompt_stays_where_it_is_cached() -> None:
+def test_a_miss_counts_four_times_so_a_prompt_stays_where_it_is_cached() -> None:
     index = FakeIndex()
-    index.hold("a", PROMPT[:40])  # a saves 40 of 100 tokens, but has 50 more queued
-    engines = [engine("a", prefill_queued=50), engine("b")]
+    index.hold("a", PROMPT[:40])  # a saves 40 of 100 tokens, but has 150 more queued
+    engines = [engine("a", prefill_queued=150), engine("b")]
     kv = policy(index)
-    assert kv.select(engines, features(kv, PROMPT)) is engines[0]  # 60 + 50 + 60 < 100 + 100
+    assert kv.select(engines, features(kv, PROMPT)) is engines[0]  # 60 + 150 + 3 x 60 < 4 x 100
 
 
 def test_when_every_engine_is_over_the_bound_the_best_one_still_takes_it() -> None:
@@ -140,7 +140,7 @@ def test_a_cached_prefix_loses_to_less_queued_prefill_elsewhere() -> None:
 
 def test_scraped_waiting_requests_and_a_full_kv_cache_count_against_an_engine() -> None:
     index = FakeIndex()
-    index.hold("a", PROMPT[:40])
+    index.hold("a", PROMPT[:16])  # 84 + 3 x 84 = 336 on a, 100 + 3 x 100 = 400 on b
     kv = policy(index)
     waiting = [engine("a", waiting=2), engine("b")]
     assert kv.select(waiting, features(kv, PROMPT)) is waiting[1]

@@ -11,9 +11,10 @@ this request's first token, is
 
 and an engine is chosen by that plus `(miss_weight - 1) * (prompt - cached)`: a
 miss also costs later, since the blocks it caches evict as many others' cached
-blocks, which someone will prefill again. Without it the choice is greedy for
-this request's TTFT and spreads each prompt over the fleet, which then holds
-fewer distinct prefixes (bench/RESULTS.md has the hit rates of both).
+blocks, which someone will prefill again (under LRU often more than once: the
+weight is 4). Without it the choice is greedy for this request's TTFT and
+spreads each prompt over the fleet, which then holds fewer distinct prefixes
+(bench/RESULTS.md has the hit rates of each weight).
 
 `load.awaiting` is what the router sees between two scrapes: an engine that
 stopped answering while its probes pass (and its metrics show nothing queued)
@@ -86,9 +87,11 @@ class KvRouting:
     """What one scraped waiting request on an engine costs, in prompt tokens."""
     full_usage: float = 0.9
     """KV-cache usage past which an engine's cost grows, to a whole prompt more at 100%."""
-    miss_weight: float = 2.0
+    miss_weight: float = 4.0
     """What an uncached prompt token costs in choosing an engine: its prefill now, and the
-    cached token it evicts there."""
+    cached tokens it evicts there, which other requests then prefill again. 4, not 2: 3 to
+    4 points more hits under cache pressure, 1 to 2 on a fleet the prompts fit, lower TTFT
+    on both, level on the uniform workload (bench/RESULTS.md, issue 24)."""
     saturation_slack: int = 8
     """In-flight requests an engine may have over (1 + epsilon) x the mean before it is
     skipped."""
