@@ -150,7 +150,8 @@ clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .cache/mypyc $(PYTHON_SRC)
 	find src -name '*.so' -delete
 
-# Routing quality against the peers' cache-aware routers and an oracle (~12 minutes).
+# Routing quality against the peers' cache-aware routers and an oracle, with the offline
+# bounds (~1 hour: 2 workloads x 12 targets x 3 seeds; `--quick` for a few minutes).
 bench-routing: install
 	bash bench/common/peers.sh
 	$(BIN)/python -m bench.routing

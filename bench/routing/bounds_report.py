@@ -101,7 +101,7 @@ def render_bounds(workload: str, analysed: Sequence[Analysed]) -> str:
             + ".",
             "",
             "| target | hits, engines % | hits, model % | model - engines | compulsory % "
-            "| capacity % | routing % | to fixed assignment | to pooled bound |",
+            "| capacity % | routing % | fixed assignment - engines | pooled bound - engines |",
             "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for target in dict.fromkeys(a.target for a in at_rate):

@@ -194,6 +194,10 @@ def measure(
     return dataclasses.replace(row, seed=key.seed), run_trace(schedule, outcomes, names)
 
 
+def _f(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
 def run_target(
     procs: Processes,
     target: Target,
@@ -208,7 +212,7 @@ def run_target(
             row, trace = measure(target, key, router, port, engines, settings, recoveries)
             say(
                 f"{key.workload.name:<9} {target.name:<26} {key.rate:5g} req/s seed {key.seed}: "
-                f"TTFT mean {row.ttft_mean} p90 {row.ttft_p90} hit {row.hit_rate} "
+                f"TTFT mean {_f(row.ttft_mean)} p90 {_f(row.ttft_p90)} hit {_f(row.hit_rate)} "
                 f"failed {row.failed}/{row.sent} lag p99 {row.lag_p99_ms:.1f} ms"
             )
             done.append((key, row, trace))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 from bench.routing.assignment import best_fixed_assignment
-from bench.routing.cache_model import Access
+from bench.routing.cache_model import Access, fleet_hits
 from bench.routing.misses import breakdown, seen_before
 from bench.routing.trace import RunTrace, Schedule
 
@@ -24,14 +27,14 @@ def test_every_missed_token_is_compulsory_capacity_or_routing() -> None:
     # 40-token prompts: 2 cacheable blocks and 8 tokens never cacheable.
     schedule = _schedule([_A, _A, _B, _A, _A])
     trace = RunTrace(schedule, (0, 1, 0, 0, 1), (0, 0, 0, 32, 0), 0)
-    pooled = [0, 2, 0, 2, 0]
+    pooled = [0, 2, 0, 2, 1]
     split = breakdown(trace, pooled, 16)
     assert split.queried == 200 and split.hits == 32
     # r0, r2: first asks (40 each); every request: 8 tail tokens.
     assert split.compulsory == 40 + 8 + 40 + 8 + 8
-    # r1: the pooled bound hit what its engine missed; r4: both missed.
-    assert split.routing == 32
-    assert split.capacity == 32
+    # r1: the pooled bound hit both blocks its engine missed; r4: its first block only.
+    assert split.routing == 32 + 16
+    assert split.capacity == 16
     assert split.hits + split.compulsory + split.capacity + split.routing == split.queried
 
 
@@ -68,3 +71,20 @@ def test_a_tenant_too_busy_for_one_engine_within_the_load_bound_is_copied() -> N
     assert placement.violation == 0
     assert sorted(placement.homes[0]) == [0, 1]
     assert all(18 <= load <= 22 for load in placement.loads)
+
+
+def test_the_local_search_reaches_the_best_single_home_layout_found_by_enumeration() -> None:
+    rng = random.Random(0)
+    sizes = [3, 3, 2, 2, 1, 1]
+    tenants = [rng.choices(range(6), [6, 5, 4, 3, 2, 1])[0] for _ in range(120)]
+    accesses = [Access(tuple(10 * t + k for k in range(sizes[t])), sizes[t]) for t in tenants]
+    best = 0
+    for layout in itertools.product(range(2), repeat=6):
+        engines = [layout[t] for t in tenants]
+        if all(54 <= engines.count(e) <= 66 for e in range(2)):
+            best = max(best, sum(fleet_hits(accesses, engines, 5)))
+    placement = best_fixed_assignment(
+        accesses, [True] * 120, tenants, list(range(120)), engines=2, capacity=5, seed=1
+    )
+    assert placement.violation == 0
+    assert placement.hit_blocks >= best > 0
