@@ -9,9 +9,15 @@ never seen before, encoded in full). A decision is `tokens.prompt_ids` then
 `EngineIndex`) holds the tenant's prefix on one of them: keys computed once
 per block size, one lookup per block per engine until the first miss.
 
+With `--placement` the policy also counts each request's prefix group and
+keeps it to the homes of a placement plan (`--kv-placement on`), built once
+over the warm-up's traffic; the plan's own re-build (every 2 s, off the
+request path) is timed apart.
+
 Usage: `.venv/bin/python -m bench.micro.kv_route_cost [--tokenizer DIR|builtin]
-[--requests N] [--repeats R] [--engines E]`. Prints the median over repeats of
-the mean µs per request, and per 1,000 prompt tokens, for each phase and in all.
+[--requests N] [--repeats R] [--engines E] [--placement]`. Prints the median over
+repeats of the mean µs per request, and per 1,000 prompt tokens, for each phase
+and in all.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from headcount.kvindex.index import EngineIndex
 from headcount.kvindex.keys import BlockKey
 from headcount.routing import RequestFeatures
 from headcount.routing.kv import KvAware, KvRouting
+from headcount.routing.kv.placement import PlacementSettings
+from headcount.routing.kv.planning import Placement
 from headcount.tokens import ChatTokenizer, builtin_tokenizer, load_tokenizer, prompt_ids
 
 MODEL = "sim-model"
@@ -102,6 +110,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="requests per repeat")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument("--placement", action="store_true", help="with a placement plan")
     args = parser.parse_args()
     tokenizer = (
         builtin_tokenizer() if args.tokenizer == "builtin" else load_tokenizer(args.tokenizer)
@@ -111,19 +120,29 @@ def main() -> None:
     engines = [
         Engine(
             EngineSpec(id=f"e{n}", name=f"e{n}", url=f"http://e{n}", source="static"),
-            EngineLoad(),
+            EngineLoad(kv_capacity_blocks=28_000, kv_block_size=BLOCK_SIZE),
             EngineState.READY,
             ({"id": MODEL},),
         )
         for n in range(args.engines)
     ]
-    policy = KvAware(KvRouting(index=index, tokenizer=tokenizer), epsilon=0.5)
+    placement = Placement(PlacementSettings()) if args.placement else None
+    routing = KvRouting(index=index, tokenizer=tokenizer, placement=placement)
+    policy = KvAware(routing, epsilon=0.5)
     chats, systems = bodies(rng, tokenizer, args.requests * (args.repeats + 1))
     for number, system in enumerate(systems):  # each tenant's prefix held by one engine
         ids = prompt_ids({"messages": [{"role": "system", "content": system}]}, "chat", tokenizer)
         index.store(engines[number % len(engines)].id, ids)
     for body in chats[: args.requests]:  # warm the segment cache with the system prompts
-        prompt_ids(body, "chat", tokenizer)
+        ids = prompt_ids(body, "chat", tokenizer)
+        policy.select(engines, RequestFeatures(MODEL, None, policy.request(MODEL, ids)))
+    if placement is not None:
+        started = time.perf_counter()
+        placement.rebuild(engines, lambda _: True)
+        took = (time.perf_counter() - started) * 1e3
+        plan = placement.current()
+        homed = 0 if plan is None else len(plan.homes)
+        print(f"plan: {took:.2f} ms to build, {len(placement.traffic)} groups, {homed} homed")
     tokenize_us: list[float] = []
     route_us: list[float] = []
     tokens: list[float] = []

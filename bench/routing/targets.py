@@ -48,6 +48,12 @@ def _headcount(
     return serve_command(flags, host="127.0.0.1", port=port, program=(str(HEADCOUNT_BIN),))
 
 
+def _placed(tokenizer: str | None, port: int, metrics: int, engines: Sequence[Engine]) -> list[str]:
+    """kv-aware with its capacity-aware placement plan (`--kv-placement on`)."""
+    own = _headcount(RoutingName.KV_AWARE, tokenizer, port, metrics, engines)
+    return [*own, "--kv-placement=on"]
+
+
 def _picker(
     policy: RoutingName, tokenizer: str | None, picker: int, admin: int, engines: Sequence[Engine]
 ) -> list[str]:
@@ -100,6 +106,7 @@ TARGETS: tuple[Target, ...] = (
     _hc(RoutingName.PREFIX),
     _hc(RoutingName.KV_AWARE, "builtin"),
     _hc(RoutingName.KV_AWARE, None, " /tokenize"),
+    Target("headcount kv-aware placement", HEADCOUNT_BIN, functools.partial(_placed, "builtin")),
     Target(
         "envoy+headcount kv-aware",
         HEADCOUNT_BIN,

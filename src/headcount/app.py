@@ -20,7 +20,10 @@ With `--routing kv-aware` (only then), `build_kv_wiring` loads the tokenizer
 and builds the engines' KV-event indexes (`KvIndexes`, one subscriber per
 engine, following the fleet); the router starts them with discovery, hands them
 to the policy and to `/engines`, `/health` and `/metrics`, and closes them at
-the end.
+the end; with `--kv-placement on`, the placement plan's stream likewise.
+
+Over 450 lines: it is where every part is started and stopped, in the order
+the shutdown sequence needs; split, that order would be spread over modules.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from headcount.probe.prober import Prober
 from headcount.proxy import Proxy, start_local_server, start_server
 from headcount.routing import Policy, make_policy
 from headcount.routing.kv import KvRouting
+from headcount.routing.kv.planning import Placement
 from headcount.supervise import Supervisor
 from headcount.surfaces.admin import AdminApp
 from headcount.surfaces.flow_metrics import FlowCollector
@@ -116,6 +120,7 @@ class Router:
         self.sources = list(sources)
         self.kv = kv
         kv_views = None if kv is None else kv.indexes.views
+        self.placement = None if kv is None else kv.routing.placement
         statuses = [source.status for source in self.sources]
         self.metrics = Metrics(lambda: fleet.snapshot, statuses, kv_views=kv_views)
         self.auth = Authentication(settings.auth)
@@ -144,6 +149,7 @@ class Router:
             shutting_down=lambda: self.shutting_down,
             local_problems=self._local_problems,
             kv_views=kv_views,
+            kv_placement=None if self.placement is None else self.placement.status,
             admin_port=settings.server.admin_port,
         )
         self.health_watch = HealthWatch(self.admin.report, fleet)
@@ -240,6 +246,8 @@ class Router:
         try:
             if self.kv is not None:
                 self.kv.indexes.start()
+                if self.placement is not None:
+                    self.placement.start(self.fleet, self.kv.indexes.usable)
             if grpc_health is not None:
                 try:
                     port = await grpc_health.start()
@@ -270,6 +278,8 @@ class Router:
             await self.proxy.close()
             if self.flow is not None:
                 await self.flow.close()
+            if self.placement is not None:
+                await self.placement.close()
             if self.kv is not None:
                 await self.kv.indexes.close()
 
@@ -407,7 +417,9 @@ async def build_kv_wiring(
         settings.replay_port,
         "each engine's /tokenize" if tokenizer is None else f"tokenizer {tokenizer.name}",
     )
-    return KvWiring(indexes, KvRouting(indexes, tokenizer, settings.tokenize_timeout))
+    placement = Placement(clock=clock) if settings.placement else None
+    routing = KvRouting(indexes, tokenizer, settings.tokenize_timeout, placement=placement)
+    return KvWiring(indexes, routing)
 
 
 async def build_sources(settings: Settings, fleet: Fleet) -> list[DiscoverySource]:

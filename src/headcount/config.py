@@ -597,6 +597,10 @@ class KvEventsSettings:
     used out): about 4 million tokens of English with their text (~8 bytes a token), a few
     thousand tenants' system prompts and their recent turns, within the router's own size.
     Tokenizing anew costs about 1 ms per 1,000 tokens."""
+    placement: bool = False
+    """Capacity-aware cache placement (`routing/kv/placement.py`): hot prefixes get home
+    engines, the tail spill engines. Off by default: it did not beat the greedy choice on
+    the routing benchmark (bench/RESULTS.md)."""
     index_max_bytes: int = 1 << 30
     """All engines' cache indexes together: about 5.6 million blocks (192 bytes each at most),
     enough for 200 engines of 28,000 blocks (an 80 GB H100 serving an 8B model). Each engine

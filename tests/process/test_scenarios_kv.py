@@ -74,7 +74,9 @@ def _config(
     )
 
 
-def _router_flags(backends: Sequence[str], events: tuple[int, int]) -> RouterFlags:
+def _router_flags(
+    backends: Sequence[str], events: tuple[int, int], placement: str | None = None
+) -> RouterFlags:
     return RouterFlags(
         discovery=DiscoveryMode.STATIC,
         backends=tuple(backends),
@@ -82,6 +84,7 @@ def _router_flags(backends: Sequence[str], events: tuple[int, int]) -> RouterFla
         tokenizer="builtin",
         kv_events_port=events[0],
         kv_events_replay_port=events[1],
+        kv_placement=placement,
         timings=Timings(
             probe_interval=0.2,
             drain_delay=0,
@@ -94,10 +97,13 @@ def _router_flags(backends: Sequence[str], events: tuple[int, int]) -> RouterFla
 
 @contextlib.asynccontextmanager
 async def kv_fleet(
-    *publishing: bool, prefix: str = "127.0.5", token_delay: float = 0.0
+    *publishing: bool,
+    prefix: str = "127.0.5",
+    token_delay: float = 0.0,
+    placement: str | None = None,
 ) -> AsyncIterator[Fleet]:
     """A kv-aware router before one engine per entry, named a, b, ...; False: no publisher;
-    each generated token takes `token_delay`."""
+    each generated token takes `token_delay`; `placement`: `--kv-placement`."""
     addresses = hosts(prefix, len(publishing))
     port, events, replay = (free_port_on_all(addresses) for _ in range(3))
     names = [chr(ord("a") + index) for index in range(len(publishing))]
@@ -110,7 +116,8 @@ async def kv_fleet(
             )
             for name, host, on in zip(names, addresses, publishing, strict=True)
         }
-        flags = _router_flags([engine.url for engine in engines.values()], (events, replay))
+        urls = [engine.url for engine in engines.values()]
+        flags = _router_flags(urls, (events, replay), placement)
         router = await stack.enter_async_context(RouterProcess(flags))
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
@@ -256,6 +263,28 @@ async def test_warm_prompts_are_routed_to_the_engine_that_holds_them() -> None:
                 fleet.engine(name).url, await truth(fleet, name, system_prompt(tag), question)
             )
             assert await via_router(fleet, system_prompt(tag), question) == expected
+
+
+async def _placement(fleet: Fleet) -> dict[str, Any]:
+    shown: dict[str, Any] = (await fleet.router.client.health()).get("kv_placement", {})
+    return shown
+
+
+async def test_with_placement_on_a_plan_is_built_on_synced_indexes_and_shown() -> None:
+    async with kv_fleet(True, True, prefix="127.0.41", placement="on") as fleet:
+        await wait_for_kv(fleet, "both indexes synced", a="synced", b="synced")
+        for number in range(6):
+            await via_router(fleet, system_prompt("tenant"), f"question {number}")
+
+        async def used() -> bool:
+            return bool((await _placement(fleet)).get("used"))
+
+        await wait_until(used, timeout=TIMEOUT, what="a plan in use")
+        shown = await _placement(fleet)
+        assert shown["reason"] == "planned" and shown["age_s"] <= 6
+        receipt = await via_router(fleet, system_prompt("tenant"), "one more question")
+        assert receipt.engine in (fleet.engine("a").url, fleet.engine("b").url)
+        assert (await fleet.router.client.health())["status"] == "ok"
 
 
 # ------------------------------------------------------------------------- stream faults

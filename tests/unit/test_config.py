@@ -211,6 +211,8 @@ def test_kv_event_flags_fill_the_kv_settings(tmp_path: Path) -> None:
         "2GiB",
         "--kv-index-max-bytes-per-engine",
         "128MiB",
+        "--kv-placement",
+        "on",
     )
     assert settings.proxy.routing is RoutingName.KV_AWARE
     assert settings.kv_events == KvEventsSettings(
@@ -226,7 +228,9 @@ def test_kv_event_flags_fill_the_kv_settings(tmp_path: Path) -> None:
         tokenize_timeout=0.25,
         index_max_bytes=2 << 30,
         index_max_bytes_per_engine=128 << 20,
+        placement=True,
     )
+    assert not parse("--backends", "http://127.0.0.1:1").kv_events.placement
 
 
 def test_kv_event_flags_default_to_vllms_ports_and_the_engines_tokenize() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from headcount.config import HealthSettings, ProbeSettings
 from headcount.discovery.source import SourceStatus
 from headcount.fleet import Fleet, Snapshot
+from headcount.routing.kv.planning import PlacementStatus
 from headcount.surfaces.health import Status, evaluate, render_checks
 from tests.support import ready_fleet, spec
 
@@ -179,3 +180,21 @@ def test_what_a_source_is_missing_is_the_reason_no_engine_is_routable() -> None:
         in (report.body["reasons"])
     )
     assert report.body["sources"][0]["missing"] == source.missing
+
+
+def test_the_placement_plan_is_shown_and_a_missing_one_does_not_degrade() -> None:
+    used = PlacementStatus(True, "planned", 1.23, 3, ("e0",))
+    report = judge(synced_source(100.0), now=110.0, kv_placement=used)
+    assert report.status is Status.OK
+    assert report.body["kv_placement"] == {
+        "used": True,
+        "reason": "planned",
+        "age_s": 1.2,
+        "homed_prefixes": 3,
+        "spill": ["e0"],
+    }
+    missing = PlacementStatus(False, "kv index not usable on e0", None, 0, ())
+    report = judge(synced_source(100.0), now=110.0, kv_placement=missing)
+    assert report.status is Status.OK
+    assert report.body["kv_placement"]["reason"] == "kv index not usable on e0"
+    assert "kv_placement" not in judge(synced_source(100.0), now=110.0).body

@@ -4,7 +4,10 @@ The warm engine wins; affinity yields to a saturated engine; an engine whose
 index is not usable counts nothing cached; a long uncached prompt loses to
 queued work elsewhere; an adapter's blocks are not the base model's; KV usage
 near full counts against an engine; ties rotate. The request side: what a
-dispatch holds in `prefill_queued`, what the index hears, the receipt.
+dispatch holds in `prefill_queued`, what the index hears, the receipt. With a
+placement plan: a request goes to its homes (the tail to the spill engines)
+unless they have too much queued or are past the in-flight bound, which counts
+as overflow; a plan too old is not used.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from headcount.config import RoutingName
 from headcount.kvindex.keys import BlockKey, block_keys
 from headcount.routing import RequestFeatures, make_policy
 from headcount.routing.kv import KvAware, KvRequest, KvRouting
-from headcount.routing.kv.policy import ttft_cost
+from headcount.routing.kv.placement import PlacementSettings
+from headcount.routing.kv.planning import Placement
+from headcount.routing.kv.policy import choose_placed, ttft_cost
 from tests.support import engine
+from tests.support.clock import FakeClock
 
 BS = 4
 MODEL = "m"
@@ -95,12 +101,12 @@ def test_a_few_more_in_flight_do_not_move_a_prompt_off_its_cache() -> None:
     assert kv.select(engines, features(kv, PROMPT)) is engines[1]
 
 
-def test_a_miss_counts_twice_so_a_prompt_stays_where_it_is_cached() -> None:
+def test_a_miss_counts_four_times_so_a_prompt_stays_where_it_is_cached() -> None:
     index = FakeIndex()
-    index.hold("a", PROMPT[:40])  # a saves 40 of 100 tokens, but has 50 more queued
-    engines = [engine("a", prefill_queued=50), engine("b")]
+    index.hold("a", PROMPT[:40])  # a saves 40 of 100 tokens, but has 150 more queued
+    engines = [engine("a", prefill_queued=150), engine("b")]
     kv = policy(index)
-    assert kv.select(engines, features(kv, PROMPT)) is engines[0]  # 60 + 50 + 60 < 100 + 100
+    assert kv.select(engines, features(kv, PROMPT)) is engines[0]  # 60 + 150 + 3 x 60 < 4 x 100
 
 
 def test_when_every_engine_is_over_the_bound_the_best_one_still_takes_it() -> None:
@@ -134,7 +140,7 @@ def test_a_cached_prefix_loses_to_less_queued_prefill_elsewhere() -> None:
 
 def test_scraped_waiting_requests_and_a_full_kv_cache_count_against_an_engine() -> None:
     index = FakeIndex()
-    index.hold("a", PROMPT[:40])
+    index.hold("a", PROMPT[:16])  # 84 + 3 x 84 = 336 on a, 100 + 3 x 100 = 400 on b
     kv = policy(index)
     waiting = [engine("a", waiting=2), engine("b")]
     assert kv.select(waiting, features(kv, PROMPT)) is waiting[1]
@@ -236,3 +242,80 @@ def test_make_policy_builds_kv_aware_only_with_its_index() -> None:
     assert isinstance(built, KvAware) and built.name == "kv-aware"
     with pytest.raises(ValueError, match="kv-aware"):
         make_policy(RoutingName.KV_AWARE, affinity_epsilon=0.2)
+
+
+# --- with a placement plan (`choose_placed`, `KvAware.select` with `--kv-placement on`)
+
+ROUTING = KvRouting(index=FakeIndex(), tokenizer=None)
+
+
+def test_a_request_goes_home_though_its_prefix_is_cached_elsewhere() -> None:
+    engines = [engine("a"), engine("b", prefill_queued=60)]
+    chosen, left = choose_placed(
+        engines, [100, 0], 100, ROUTING, epsilon=0.5, start=0, homes={"b"}, penalty=100.0
+    )
+    assert (chosen, left) == (engines[1], False)
+
+
+def test_a_request_leaves_its_homes_when_they_have_more_than_the_penalty_queued() -> None:
+    engines = [engine("a", prefill_queued=10), engine("b", prefill_queued=111)]
+    chosen, left = choose_placed(
+        engines, [100, 0], 100, ROUTING, epsilon=0.5, start=0, homes={"b"}, penalty=100.0
+    )
+    assert (chosen, left) == (engines[0], True)
+
+
+def test_a_request_leaves_its_homes_when_all_are_past_the_in_flight_bound() -> None:
+    engines = [engine("a", in_flight=1), engine("b", in_flight=30), engine("c", in_flight=1)]
+    chosen, left = choose_placed(
+        engines, [0, 100, 0], 100, ROUTING, epsilon=0.5, start=0, homes={"b"}, penalty=1e9
+    )
+    assert chosen is not None and chosen.id in ("a", "c") and left
+
+
+def test_the_best_of_several_homes_is_taken_and_homes_not_among_candidates_do_not_count() -> None:
+    engines = [engine("a"), engine("b", prefill_queued=50), engine("c", prefill_queued=20)]
+    chosen, left = choose_placed(
+        engines, [0, 0, 0], 100, ROUTING, epsilon=0.5, start=0, homes={"b", "c"}, penalty=100.0
+    )
+    assert (chosen, left) == (engines[2], False)
+    gone, left = choose_placed(
+        engines, [0, 0, 0], 100, ROUTING, epsilon=0.5, start=0, homes={"z"}, penalty=100.0
+    )
+    assert (gone, left) == (engines[0], False)
+
+
+def placed_policy(index: FakeIndex, clock: FakeClock) -> tuple[KvAware, Placement]:
+    placement = Placement(PlacementSettings(), clock)
+    routing = KvRouting(index=index, tokenizer=None, placement=placement)
+    return KvAware(routing, epsilon=0.5), placement
+
+
+def test_with_a_fresh_plan_the_tail_goes_to_the_spill_engine_and_overflow_is_counted() -> None:
+    index, clock = FakeIndex(), FakeClock()
+    kv, placement = placed_policy(index, clock)
+    engines = [engine(name, kv_capacity_blocks=1000, kv_block_size=BS) for name in ("a", "b", "c")]
+    index.hold("c", PROMPT)
+    assert kv.select(engines, features(kv, PROMPT)) is engines[2]  # no plan yet: greedy
+    placement.rebuild(engines, lambda _: True)
+    plan = placement.current()
+    assert plan is not None and plan.spill == ("a", "b") and not plan.homes  # all is tail
+    chosen = kv.select(engines, features(kv, PROMPT))
+    assert chosen is not None and chosen.id in ("a", "b")
+    for spill in engines[:2]:
+        spill.load.prefill_queued = 1000  # ten prompts more queued than the third
+    assert kv.select(engines, features(kv, PROMPT)) is engines[2]
+    assert placement.traffic.spill_overflow == 1
+    (only,) = placement.traffic.groups()
+    assert (only.key, only.rate) == (block_keys(PROMPT, BS, None)[3], 3.0)
+
+
+def test_a_stale_plan_is_not_used() -> None:
+    index, clock = FakeIndex(), FakeClock()
+    kv, placement = placed_policy(index, clock)
+    engines = [engine(name, kv_capacity_blocks=1000, kv_block_size=BS) for name in ("a", "b")]
+    index.hold("b", PROMPT)
+    placement.rebuild(engines, lambda _: True)
+    assert kv.select(engines, features(kv, PROMPT)) is engines[0]  # the spill engine
+    clock.advance(placement.settings.max_age + 1)
+    assert kv.select(engines, features(kv, PROMPT)) is engines[1]

@@ -640,6 +640,14 @@ def _add_kv_arguments(parser: argparse.ArgumentParser) -> None:
         help="most bytes of encoded text --tokenizer keeps for repeated prompts "
         f"(default {format_size(kv_d.tokenizer_cache_size)})",
     )
+    kv.add_argument(
+        "--kv-placement",
+        choices=("on", "off"),
+        default="on" if kv_d.placement else "off",
+        help="capacity-aware cache placement: hot prefixes kept on home engines, the tail "
+        "sent to spill engines, re-planned every 2s; off: the greedy choice alone "
+        "(default %(default)s)",
+    )
 
 
 class _Off(enum.Enum):
@@ -767,6 +775,7 @@ def settings_from_args(ns: argparse.Namespace) -> Settings:
             tokenizer=ns.tokenizer,
             tokenize_timeout=ns.tokenize_timeout,
             tokenizer_cache_size=ns.tokenizer_cache_size,
+            placement=ns.kv_placement == "on",
             index_max_bytes=ns.kv_index_max_bytes,
             index_max_bytes_per_engine=ns.kv_index_max_bytes_per_engine,
         ),

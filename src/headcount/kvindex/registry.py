@@ -362,6 +362,11 @@ class KvIndexes:
         tracked = self._engines.get(engine_id)
         return None if tracked is None else tracked.block_size
 
+    def usable(self, engine_id: str) -> bool:
+        """Whether `match` answers for the engine (its index is usable)."""
+        tracked = self._engines.get(engine_id)
+        return tracked is not None and tracked.trust.usable
+
     def routed(self, engine_id: str, prompt_tokens: int, predicted_cached_tokens: int) -> None:
         tracked = self._engines.get(engine_id)
         if tracked is not None:

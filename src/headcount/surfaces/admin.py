@@ -22,7 +22,7 @@ import functools
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headcount._http.local import LocalRequest, LocalResponse, method_not_allowed, not_found
 from headcount._http.wire import error_body
@@ -34,6 +34,9 @@ from headcount.surfaces.health import Check, HealthReport, evaluate, render_chec
 from headcount.surfaces.kv_views import IndexStatus, KvViews
 from headcount.surfaces.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from headcount.surfaces.metrics import Metrics
+
+if TYPE_CHECKING:
+    from headcount.routing.kv.planning import PlacementStatus
 
 __all__ = ["AdminApp"]
 
@@ -57,13 +60,16 @@ class AdminApp:
         local_problems: Callable[[], Sequence[str]] = tuple,
         clock: Callable[[], float] = time.monotonic,
         kv_views: KvViews | None = None,
+        kv_placement: Callable[[], PlacementStatus] | None = None,
         admin_port: int | None = None,
     ) -> None:
         """`kv_views`: the engines' cache indexes with `--routing kv-aware`, else None;
-        `admin_port`: `--admin-port`, which the data port's 404 for an admin path names."""
+        `kv_placement`: its placement plan's state, with `--kv-placement on`; `admin_port`:
+        `--admin-port`, which the data port's 404 for an admin path names."""
         self._admin_port = admin_port
         self._fleet = fleet
         self._kv_views = kv_views
+        self._kv_placement = kv_placement
         self._metrics = metrics
         self._sources = sources
         self._settings = settings
@@ -86,6 +92,7 @@ class AdminApp:
             shutting_down=self._shutting_down(),
             local_problems=self._local_problems(),
             kv_indexes=None if self._kv_views is None else self._kv_views(),
+            kv_placement=None if self._kv_placement is None else self._kv_placement(),
         )
 
     async def handle(self, request: LocalRequest) -> LocalResponse:

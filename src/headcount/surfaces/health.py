@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headcount.config import HealthSettings
 from headcount.discovery.source import SourceStatus, Watched
@@ -32,8 +32,12 @@ from headcount.fleet import Engine, Snapshot
 from headcount.kvindex.trust import IndexTrust
 from headcount.surfaces.kv_views import IndexStatus
 
+if TYPE_CHECKING:
+    from headcount.routing.kv.planning import PlacementStatus
+
 __all__ = [
     "KV_INDEX_CHECK",
+    "KV_PLACEMENT",
     "Check",
     "HealthReport",
     "Status",
@@ -44,6 +48,7 @@ __all__ = [
 ]
 
 KV_INDEX_CHECK = "kv_index"
+KV_PLACEMENT = "kv_placement"
 _NAMED = 5
 """Engines named in the kv_index reason; the rest are counted."""
 _REASON_CHARS = 80
@@ -94,12 +99,14 @@ def evaluate(
     shutting_down: bool = False,
     local_problems: Sequence[str] = (),
     kv_indexes: Mapping[str, IndexStatus] | None = None,
+    kv_placement: PlacementStatus | None = None,
 ) -> HealthReport:
     """Judge the router's health at `now` (same clock as the statuses; `started` = boot).
 
     `local_problems`: the router's own resources that ran out lately (file descriptors,
     the connection limit): degraded, never an engine's fault. `kv_indexes`: the engines'
-    cache indexes by engine id with `--routing kv-aware`, else None.
+    cache indexes by engine id with `--routing kv-aware`, else None; `kv_placement`: the
+    state of its placement plan (shown, never degrading: without a plan routing is greedy).
     """
     kv_check = None if kv_indexes is None else kv_index_check(snapshot, kv_indexes)
     live = tuple(_liveness(source, settings, now, started, dead_sources) for source in sources)
@@ -156,7 +163,20 @@ def evaluate(
     }
     if kv_check is not None:
         body[KV_INDEX_CHECK] = {"ok": kv_check.ok, "reason": kv_check.reason}
+    if kv_placement is not None:
+        body[KV_PLACEMENT] = _describe_placement(kv_placement, snapshot)
     return HealthReport(status, live, tuple(ready), body, why_none)
+
+
+def _describe_placement(status: PlacementStatus, snapshot: Snapshot) -> dict[str, Any]:
+    named = snapshot.by_id
+    return {
+        "used": status.used,
+        "reason": status.reason,
+        "age_s": None if status.age is None else round(status.age, 1),
+        "homed_prefixes": status.homed,
+        "spill": [named[e].spec.name if e in named else e for e in status.spill],
+    }
 
 
 def explain_no_engine(sources: Sequence[SourceStatus], snapshot: Snapshot) -> str:

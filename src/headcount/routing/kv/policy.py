@@ -11,9 +11,10 @@ this request's first token, is
 
 and an engine is chosen by that plus `(miss_weight - 1) * (prompt - cached)`: a
 miss also costs later, since the blocks it caches evict as many others' cached
-blocks, which someone will prefill again. Without it the choice is greedy for
-this request's TTFT and spreads each prompt over the fleet, which then holds
-fewer distinct prefixes (bench/RESULTS.md has the hit rates of both).
+blocks, which someone will prefill again (under LRU often more than once: the
+weight is 4). Without it the choice is greedy for this request's TTFT and
+spreads each prompt over the fleet, which then holds fewer distinct prefixes
+(bench/RESULTS.md has the hit rates of each weight).
 
 `load.awaiting` is what the router sees between two scrapes: an engine that
 stopped answering while its probes pass (and its metrics show nothing queued)
@@ -32,18 +33,32 @@ bound from firing at the small in-flight counts where it only moves prompts off
 their cache (a bound of (1 + epsilon) x the mean alone cost cache hits).
 Ties go to the fewest in flight, then round-robin from a moving start.
 
-The decision (`choose`) is a pure function of the candidates and their
-predicted cached tokens; `KvAware.select` only asks the index for those.
+With `--kv-placement on` and a fresh plan (`placement.py`, `planning.py`), a
+request whose prefix group has homes is kept to them, and any other (the
+tail, a prefix never seen) to the spill engines: `choose_placed` picks the
+lowest cost there, and leaves for `choose`'s pick only when none of them is
+under the load bound or the least queued of them has more than
+`leave_penalty` prompts more queued than the least queued candidate (queued:
+the cost less the request's own prefill, so that a home not yet holding the
+prefix is not left for the copy elsewhere: that would never move a prefix).
+Such a request counts as overflow, which gives its group another home (the
+tail another spill engine) at the next plan. Every request with a prompt of a
+block or more is counted in its group's traffic, plan or not.
+
+The decisions (`choose`, `choose_placed`) are pure functions of the
+candidates and their predicted cached tokens; `KvAware.select` only asks the
+index for those and counts the traffic.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from headcount.fleet import Engine, EngineLoad
+from headcount.routing.kv.planning import Placement
 from headcount.routing.kv.request import KvIndexView, KvRequest
 
 if TYPE_CHECKING:  # `routing.policy` loads this package before it defines them; a parse
@@ -51,7 +66,7 @@ if TYPE_CHECKING:  # `routing.policy` loads this package before it defines them;
     from headcount.routing.policy import KeySource, RequestFeatures
     from headcount.tokens import ChatTokenizer
 
-__all__ = ["KvAware", "KvRouting", "choose", "ttft_cost"]
+__all__ = ["KvAware", "KvRouting", "choose", "choose_placed", "ttft_cost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +87,16 @@ class KvRouting:
     """What one scraped waiting request on an engine costs, in prompt tokens."""
     full_usage: float = 0.9
     """KV-cache usage past which an engine's cost grows, to a whole prompt more at 100%."""
-    miss_weight: float = 2.0
+    miss_weight: float = 4.0
     """What an uncached prompt token costs in choosing an engine: its prefill now, and the
-    cached token it evicts there."""
+    cached tokens it evicts there, which other requests then prefill again. 4, not 2: 3 to
+    4 points more hits under cache pressure, 1 to 2 on a fleet the prompts fit, lower TTFT
+    on both, level on the uniform workload (bench/RESULTS.md, issue 24)."""
     saturation_slack: int = 8
     """In-flight requests an engine may have over (1 + epsilon) x the mean before it is
     skipped."""
+    placement: Placement | None = None
+    """Capacity-aware placement (`planning.py`); None: the greedy choice alone."""
 
 
 def ttft_cost(prompt: int, cached: int, load: EngineLoad, routing: KvRouting) -> float:
@@ -101,19 +120,70 @@ def choose(
 ) -> Engine | None:
     """The engine with the lowest `ttft_cost` among those under the load bound (all, if none
     is); `cached[i]` is what `candidates[i]` holds of the prompt, `start` rotates ties."""
+    bound = _bound(candidates, routing, epsilon)
+    return _lowest(candidates, cached, prompt, routing, bound, start, range(len(candidates)))
+
+
+def choose_placed(
+    candidates: Sequence[Engine],
+    cached: Sequence[int],
+    prompt: int,
+    routing: KvRouting,
+    *,
+    epsilon: float,
+    start: int,
+    homes: Collection[str],
+    penalty: float,
+) -> tuple[Engine | None, bool]:
+    """`choose` kept to the engines named in `homes` (a prefix's homes, or the spill engines)
+    while one of them is under the load bound and has at most `penalty` more queued (its
+    predicted cost less its uncached part) than the least queued candidate; and whether the
+    request left them for `choose`'s pick."""
+    bound = _bound(candidates, routing, epsilon)
+    everywhere = range(len(candidates))
+    inside = [i for i, engine in enumerate(candidates) if engine.id in homes]
+    home = _lowest(candidates, cached, prompt, routing, bound, start, inside) if inside else None
+    if home is not None:
+        queued = min(_queued(engine.load, routing) for engine in candidates)
+        if _queued(home.load, routing) - queued <= penalty:
+            return home, False
+    best = _lowest(candidates, cached, prompt, routing, bound, start, everywhere)
+    return best, bool(inside) and best is not None and best.id not in homes
+
+
+def _queued(load: EngineLoad, routing: KvRouting) -> float:
+    """What an engine's predicted cost holds besides the request's own prefill."""
+    return ttft_cost(0, 0, load, routing)
+
+
+def _bound(candidates: Sequence[Engine], routing: KvRouting, epsilon: float) -> int | None:
+    """In-flight requests at which an engine is skipped; None: all are past it."""
     count = len(candidates)
     if count == 0:
         return None
     total = sum(engine.load.in_flight for engine in candidates) + 1
     bound = math.ceil((1 + epsilon) * total / count) + routing.saturation_slack
-    bounded = any(engine.load.in_flight < bound for engine in candidates)
+    return bound if any(engine.load.in_flight < bound for engine in candidates) else None
+
+
+def _lowest(
+    candidates: Sequence[Engine],
+    cached: Sequence[int],
+    prompt: int,
+    routing: KvRouting,
+    bound: int | None,
+    start: int,
+    among: Sequence[int],
+) -> Engine | None:
+    """Of `candidates[i]` for i in `among`, under `bound`, the one of lowest cost."""
+    count = len(among)
     best: Engine | None = None
     best_key = (0.0, 0)
     for offset in range(count):
-        index = (start + offset) % count
+        index = among[(start + offset) % count]
         engine = candidates[index]
         load = engine.load
-        if bounded and load.in_flight >= bound:
+        if bound is not None and load.in_flight >= bound:
             continue
         uncached = prompt - cached[index]
         cost = ttft_cost(prompt, cached[index], load, routing)
@@ -143,6 +213,27 @@ class KvAware:
         prompt = 0 if kv is None else kv.prompt_tokens
         cached = [0] * len(candidates) if kv is None else [kv.cached(e) for e in candidates]
         self._cursor += 1
-        return choose(
-            candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
+        placement = self.routing.placement
+        group = plan = None
+        if placement is not None and kv is not None and candidates:
+            keys, size = kv.keys(candidates[0])
+            group = placement.traffic.observe(keys, prompt / size if size else 0.0)
+            plan = placement.current()
+        if placement is None or plan is None or group is None:
+            return choose(
+                candidates, cached, prompt, self.routing, epsilon=self._epsilon, start=self._cursor
+            )
+        homes = plan.homes.get(group)
+        engine, left = choose_placed(
+            candidates,
+            cached,
+            prompt,
+            self.routing,
+            epsilon=self._epsilon,
+            start=self._cursor,
+            homes=plan.spill if homes is None else homes,
+            penalty=placement.settings.leave_penalty * prompt,
         )
+        if left:
+            placement.traffic.overflowed(None if homes is None else group)
+        return engine

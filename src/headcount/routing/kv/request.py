@@ -89,6 +89,17 @@ class KvRequest:
         self.predicted[engine.id] = tokens
         return tokens
 
+    def keys(self, engine: Engine) -> tuple[Sequence[BlockKey], int]:
+        """The prompt's block keys as `cached(engine)` computed them, and their block size
+        (0, no keys: the engine's block size is not known)."""
+        if engine.id not in self.predicted:
+            self.cached(engine)
+        size = self._index.block_size(engine.id)
+        if size is None or size <= 0:
+            return (), 0
+        lora = self.model if self.model in engine.adapters else None
+        return self._keys.get((size, lora), ()), size
+
     def dispatch(self, engine: Engine) -> int:
         """An attempt goes to `engine`: the prefill tokens it now queues (given back by the
         caller at first byte or end), after telling the index."""

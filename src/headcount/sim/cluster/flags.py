@@ -64,6 +64,8 @@ class RouterFlags:
     """`NAME=ADDRESS` pairs: engine host names answered without a lookup."""
     kv_events_port: int | None = None
     kv_events_replay_port: int | None = None
+    kv_placement: str | None = None
+    """`on` or `off`; None: the router's default."""
     tenants_file: Path | None = None
     limits_store: str | None = None
     no_passthrough: bool = False
