@@ -30,6 +30,7 @@ __all__: list[str] = []
 pytestmark = pytest.mark.timeout(60)
 
 OTHER_CLIENT_KEY = "sk-client-second-77d0"
+READ_TIMEOUT_S = 10.0
 ENGINE_KEY = "sk-engine-41b9e2"
 SECRETS = (CLIENT_KEY, OTHER_CLIENT_KEY, ENGINE_KEY)
 
@@ -197,6 +198,50 @@ async def test_client_keys_reload_when_the_file_changes(
         assert await running.chat(OTHER_CLIENT_KEY) == 200
     for secret in SECRETS:
         assert secret not in caplog.text
+
+
+async def _status_on(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int, key: str
+) -> int:
+    """One chat on an open keep-alive connection: the answer's status, its body read."""
+    body = json.dumps(CHAT).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (HOST.encode(), port, key.encode(), len(body), body)
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")
+    )
+    await asyncio.wait_for(reader.readexactly(length), READ_TIMEOUT_S)
+    return int(lines[0].split()[1])
+
+
+async def test_a_key_revoked_by_a_reload_is_refused_on_the_connection_that_used_it(
+    tmp_path: Path,
+) -> None:
+    """The connection's note of its accepted key does not outlive the keys that accepted it."""
+    async with (
+        running_engine(EngineSimConfig(model=MODEL)) as engine,
+        router_before([engine.url], tmp_path) as running,
+    ):
+        await routable(running)
+        port = int(running.url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection(HOST, port)
+        try:
+            assert await _status_on(reader, writer, port, CLIENT_KEY) == 200
+            assert await _status_on(reader, writer, port, CLIENT_KEY) == 200  # the note's turn
+            replace_file(running.keys_file, OTHER_CLIENT_KEY + "\n")
+
+            async def reloaded() -> bool:
+                return await running.chat(OTHER_CLIENT_KEY) == 200
+
+            await wait_until(reloaded, what="the reloaded keys in use")
+            assert await _status_on(reader, writer, port, CLIENT_KEY) == 401
+        finally:
+            writer.close()
 
 
 async def test_a_tenants_files_keys_are_served_like_the_key_files_and_reload_with_it(

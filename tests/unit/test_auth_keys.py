@@ -20,6 +20,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from headcount._http.handler import ConnectionNote
 from headcount.auth import (
     ApiKeys,
     Authentication,
@@ -111,6 +112,37 @@ def test_the_key_is_hashed_once_and_only_its_digest_is_looked_up(
         hashed.clear()
         assert admitted.admits(bearer(key)) == (key.strip() in keys)
         assert hashed == [key.strip().encode()]
+
+
+def test_a_connections_key_is_hashed_once_while_the_keys_that_accepted_it_stand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admitted = parse_api_keys("sk-one\nsk-two\n")
+    reloaded = parse_api_keys("sk-two\n")
+    hashed: list[bytes] = []
+    real = hashlib.sha256
+
+    def counting(data: bytes) -> Any:
+        hashed.append(data)
+        return real(data)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    note = ConnectionNote()
+    steps = [
+        (admitted, "sk-one", True, [b"sk-one"]),  # checked, and noted
+        (admitted, "sk-one", True, []),  # the connection's next request: not hashed again
+        (admitted, "sk-bad", False, [b"sk-bad"]),  # another key is checked; refused, not noted
+        (admitted, "sk-one", True, []),
+        (admitted, "sk-two", True, [b"sk-two"]),  # the note follows the key last accepted
+        (admitted, "sk-one", True, [b"sk-one"]),
+        (reloaded, "sk-one", False, [b"sk-one"]),  # new keys: the old note is no longer used
+        (reloaded, "sk-two", True, [b"sk-two"]),
+        (reloaded, "sk-two", True, []),
+    ]
+    for keys, key, admits, hashes in steps:
+        hashed.clear()
+        assert keys.admits(bearer(key), note) is admits, key
+        assert hashed == hashes, key
 
 
 def test_only_digests_are_kept() -> None:

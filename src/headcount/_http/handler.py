@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 __all__ = [
+    "ConnectionNote",
     "ExchangeListener",
     "HeadScreen",
     "Rejected",
@@ -25,6 +26,21 @@ __all__ = [
     "RequestHandler",
     "Responder",
 ]
+
+
+class ConnectionNote:
+    """What a head screen remembers of a connection between its requests: the credential it
+    last accepted there (`key`), whose check that was (`owner`: a note taken by a checker
+    since replaced is not used) and what it found (`value`). A keep-alive client sends the
+    same key with every request, which need not be checked from scratch each time. The HTTP
+    layer only carries it, one per connection."""
+
+    __slots__ = ("key", "owner", "value")
+
+    def __init__(self) -> None:
+        self.key = b""
+        self.owner: object = None
+        self.value: object = None
 
 
 class Request:
@@ -42,6 +58,7 @@ class Request:
         "is_head",
         "keep_alive",
         "method",
+        "note",
         "path",
         "query",
         "subset",
@@ -73,6 +90,9 @@ class Request:
         self.identity: object = None
         """Who the head screen found the request comes from, for its handler (the data
         plane's business: its key's tenant); None when it noted nothing."""
+        self.note: ConnectionNote | None = None
+        """Its connection's note, for the head screen; None for a request no connection read
+        (a gateway's)."""
         self.subset: frozenset[str] | None = None
         """The only engines (`host:port` each) the request may go to, as a gateway's subset
         hint names them; None: any."""

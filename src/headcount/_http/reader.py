@@ -45,7 +45,7 @@ import httptools
 from headcount._http import answers
 from headcount._http.body import JOIN_OFF_LOOP, BodyPieces
 from headcount._http.connections import ConnectionRegistry
-from headcount._http.handler import HeadScreen, Rejected, Request, RequestHandler
+from headcount._http.handler import ConnectionNote, HeadScreen, Rejected, Request, RequestHandler
 from headcount._http.head import Head, HeadReader
 from headcount._http.phase import (
     BODY,
@@ -183,6 +183,7 @@ class RequestReader(HeadReader[_Message]):
     __slots__ = (
         "_backlog",
         "_client",
+        "_connection_note",
         "_continue",
         "_discarded",
         "_feed_max",
@@ -220,6 +221,7 @@ class RequestReader(HeadReader[_Message]):
         self._loop = loop
         self._on_rejected = on_rejected
         self._screen = screen
+        self._connection_note = ConnectionNote()
         self._parser = httptools.HttpRequestParser(self)
         self._phase = IDLE
         self._transport: asyncio.Transport | None = None
@@ -395,6 +397,7 @@ class RequestReader(HeadReader[_Message]):
             parser.should_keep_alive(),
             self._client,
         )
+        request.note = self._connection_note
         message.request = request
         length = message.content_length
         if self._screen is not None:

@@ -13,6 +13,13 @@ seed, never of the key: finding a key from its SHA-256 is a preimage attack,
 however much of the digest a client learnt. Two `Authorization` headers are
 refused: which of them a later hop would read is anyone's guess.
 
+A keep-alive client sends its key with every request: the connection's note
+(`ConnectionNote`) keeps the key these keys last accepted there and its
+tenant, and a request bearing the same key (compared in constant time) is
+not hashed again. The note holds what the connection's own headers held, for
+the connection's life; keys reloaded are new `ApiKeys`, so a revoked key is
+checked, and refused, at its connection's next request.
+
 The engine key file holds one key, sent to engines as `Authorization: Bearer`;
 an `EngineKey` keeps it rendered for the wire and never shows it in a repr.
 Error messages name line numbers, never a line's content: a message about a
@@ -23,8 +30,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from hmac import compare_digest
 from types import MappingProxyType
 
+from headcount._http.handler import ConnectionNote
 from headcount.auth.digest import KeyFileError, check_key, key_digest
 from headcount.auth.tenants import DEFAULT_TENANT, Tenant, Tenants
 
@@ -80,15 +89,29 @@ class ApiKeys:
         key in both is the tenant's that names it."""
         return ApiKeys({**dict.fromkeys(self._digests, tenants.default), **tenants.by_digest})
 
-    def tenant(self, headers: list[tuple[bytes, bytes]]) -> Tenant | None:
+    def tenant(
+        self, headers: list[tuple[bytes, bytes]], note: ConnectionNote | None = None
+    ) -> Tenant | None:
         """The tenant of the request's bearer key, None if it has none of ours: one SHA-256,
-        one dict lookup."""
+        one dict lookup; none when `note`, its connection's, holds the key as these keys
+        accepted it."""
         key = bearer_token(headers)
-        return None if key is None else self._digests.get(hashlib.sha256(key).digest())
+        if key is None:
+            return None
+        if note is not None and note.owner is self and compare_digest(note.key, key):
+            noted = note.value
+            if isinstance(noted, Tenant):
+                return noted
+        tenant = self._digests.get(hashlib.sha256(key).digest())
+        if tenant is not None and note is not None:
+            note.key, note.owner, note.value = key, self, tenant
+        return tenant
 
-    def admits(self, headers: list[tuple[bytes, bytes]]) -> bool:
+    def admits(
+        self, headers: list[tuple[bytes, bytes]], note: ConnectionNote | None = None
+    ) -> bool:
         """Whether the request's bearer key is one of ours."""
-        return self.tenant(headers) is not None
+        return self.tenant(headers, note) is not None
 
 
 class EngineKey:

@@ -339,7 +339,7 @@ class Proxy:
         path = request.path
         if path in PROXIED or (self._passthrough and passes_through(path, request.method)):
             if keys is not None:
-                tenant = keys.tenant(request.headers)
+                tenant = keys.tenant(request.headers, request.note)
                 if tenant is None:
                     return self._unauthorized
                 request.identity = tenant  # flow control needs no second look at the key
@@ -348,7 +348,7 @@ class Proxy:
             keys is None
             or path in _OPEN_PATHS
             or path.startswith(_OPEN_PREFIXES)
-            or keys.admits(request.headers)
+            or keys.admits(request.headers, request.note)
         ):
             if path.startswith(API_PREFIX) and response_id_of(path, request.method):
                 return self._forward_stored
