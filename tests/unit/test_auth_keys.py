@@ -93,21 +93,25 @@ def test_no_key_at_all_admits_nobody() -> None:
     assert not ApiKeys().admits(bearer("anything"))
 
 
-def test_the_key_is_hashed_once_and_only_its_digest_is_looked_up(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What `hashlib.sha256` is asked to hash, in order, from now on."""
+    seen: list[bytes] = []
+    real = hashlib.sha256
+
+    def counting(data: bytes) -> Any:
+        seen.append(data)
+        return real(data)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    return seen
+
+
+def test_the_key_is_hashed_once_and_only_its_digest_is_looked_up(hashed: list[bytes]) -> None:
     """Among many keys, each admits and a near miss does not: the digest decides, not a
     comparison of the key's text with others."""
     keys = [f"sk-key-{n}" for n in range(1000)]
     admitted = parse_api_keys("\n".join(keys))
-    hashed: list[bytes] = []
-    real = hashlib.sha256
-
-    def counting(data: bytes) -> Any:
-        hashed.append(data)
-        return real(data)
-
-    monkeypatch.setattr(hashlib, "sha256", counting)
     for key in ["sk-key-0", "sk-key-999", "sk-key-1000", "sk-key-99 "]:
         hashed.clear()
         assert admitted.admits(bearer(key)) == (key.strip() in keys)
@@ -115,18 +119,10 @@ def test_the_key_is_hashed_once_and_only_its_digest_is_looked_up(
 
 
 def test_a_connections_key_is_hashed_once_while_the_keys_that_accepted_it_stand(
-    monkeypatch: pytest.MonkeyPatch,
+    hashed: list[bytes],
 ) -> None:
     admitted = parse_api_keys("sk-one\nsk-two\n")
     reloaded = parse_api_keys("sk-two\n")
-    hashed: list[bytes] = []
-    real = hashlib.sha256
-
-    def counting(data: bytes) -> Any:
-        hashed.append(data)
-        return real(data)
-
-    monkeypatch.setattr(hashlib, "sha256", counting)
     note = ConnectionNote()
     steps = [
         (admitted, "sk-one", True, [b"sk-one"]),  # checked, and noted
