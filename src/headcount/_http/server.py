@@ -68,7 +68,7 @@ from headcount._http.handler import (
 )
 from headcount._http.phase import BODY, CONNECTION_LOST, HEAD, STOP, STOPPED
 from headcount._http.reader import Early, Joining, RequestReader, ServerLimits
-from headcount._http.wire import CHUNKED_END, INTERNAL_ERROR_BODY, JSON_HEADER, REASONS
+from headcount._http.wire import CHUNKED_END, INTERNAL_ERROR_BODY, JSON_HEADER, REASONS, chunk
 
 __all__ = ["HttpServerProtocol", "ServerLimits"]
 
@@ -263,7 +263,7 @@ class HttpServerProtocol(RequestReader):
         if transport is None or self._request is None:
             return
         data = self._frame(body, complete)
-        if data:
+        if len(data):
             transport.write(data)
         if complete:
             self._finish(self._close_after)
@@ -280,11 +280,9 @@ class HttpServerProtocol(RequestReader):
             return b""
         if not self._chunked:
             return body
-        if not body:
+        if len(body) == 0:
             return CHUNKED_END if complete else b""
-        if complete:
-            return b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)
-        return b"%x\r\n%b\r\n" % (len(body), body)
+        return chunk(body, complete)
 
     # -- exchanges ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http
 import json
+from typing import Final
 
 __all__ = [
     "CHUNKED_END",
@@ -17,6 +18,7 @@ __all__ = [
     "INTERNAL_ERROR_BODY",
     "JSON_HEADER",
     "REASONS",
+    "chunk",
     "connection_tokens",
     "error_body",
     "method_not_allowed_body",
@@ -26,6 +28,22 @@ __all__ = [
 CRLF = b"\r\n"
 CHUNKED_END = b"0\r\n\r\n"
 JSON_HEADER = b"content-type: application/json\r\n"
+
+_SIZE_LINES: Final = tuple(b"%x\r\n" % size for size in range(4096))
+"""A chunk's size line for the sizes a stream's pieces have (an event is a few hundred bytes)."""
+
+
+def chunk(body: bytes, last: bool) -> bytes:
+    """`body` (not empty) framed as one chunk of a chunked body, and its end when `last`.
+
+    Compiled, `%` with `%b` alone is one allocation and copy; `%x` is CPython's generic
+    formatting, ten times the cost, so the size line comes from a table."""
+    size = len(body)
+    line = _SIZE_LINES[size] if size < 4096 else b"%x\r\n" % size
+    if last:
+        return b"%b%b\r\n0\r\n\r\n" % (line, body)
+    return b"%b%b\r\n" % (line, body)
+
 
 REASONS: dict[int, bytes] = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 

@@ -61,7 +61,6 @@ would reach into the other's state.)
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import resource
@@ -201,7 +200,7 @@ class Proxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._id_prefix = os.urandom(6).hex().encode() + b"-"
-        self._ids = itertools.count(1)
+        self._last_id = 0
         fleet.subscribe(self._on_fleet_change)
 
     @property
@@ -322,7 +321,8 @@ class Proxy:
         return task
 
     def _new_request_id(self) -> bytes:
-        return b"%s%x" % (self._id_prefix, next(self._ids))
+        self._last_id += 1  # compiled, `%b` and `%d` build the bytes at once, `%x` is generic
+        return b"%b%d" % (self._id_prefix, self._last_id)
 
     def _request_id(self, request: Request) -> bytes:
         """The client's `x-request-id`, or a new one."""

@@ -519,7 +519,8 @@ class Exchange:
         ticket = self._ticket
         drawn = self._drawn = 200 <= head.status < 300 and self._context.access.draw()
         if ticket is not None:
-            block += ticket.headers
+            if len(ticket.headers):  # compiled, `+` copies both sides even when one is empty
+                block += ticket.headers
             self._meter(ticket, head, body, complete)
         elif drawn or self._failovers:  # a line will be written: read the tokens for it
             if complete:
@@ -613,9 +614,9 @@ class Exchange:
         body = transcript.relay(body)
         if complete:
             rest = transcript.rest()
-            if rest:  # compiled, `+` copies both sides even when one is empty
+            if len(rest):  # compiled, `+` copies both sides even when one is empty
                 body += rest
-        if body or complete:
+        if len(body) or complete:
             self._write(body, complete)
 
     def _continued(self, head: ResponseHead, body: bytes, complete: bool) -> bool:

@@ -86,7 +86,7 @@ class Transcript:
 
     def relay(self, body: bytes) -> bytes:
         """What of `body` (after what was held) the client may get now: whole events."""
-        if self._held:
+        if len(self._held):
             body = self._held + body
             self._held = b""
         if not body.endswith(b"\n\n"):
@@ -96,7 +96,7 @@ class Transcript:
                 cut = len(body)
             self._held = body[cut:]
             body = body[:cut]
-        if body:
+        if len(body):
             self._kept.append(body)
             self._size += len(body)
             if self._size > _KEPT_MAX:

@@ -162,10 +162,12 @@ class UsageTap:
     def through(self, piece: bytes, complete: bool) -> bytes:
         """What to forward of `piece`, the answer's next, and of what was held back when it is
         the last (`complete`)."""
+        if self._drop and not complete and len(self._held) == 0 and _no_usage_event(piece):
+            return piece  # most pieces of a stream: a call and a count less
         forwarded = self.feed(piece)
         if complete:
             rest = self.end()
-            if rest:  # compiled, `+` copies both sides even when one is empty
+            if len(rest):  # compiled, `+` copies both sides even when one is empty
                 forwarded += rest
         self.dropped += len(piece) - len(forwarded)
         return forwarded
@@ -177,15 +179,10 @@ class UsageTap:
             if self._kept > _TRIM_AT:
                 self._trim()
             return piece
-        if self._held:
+        if len(self._held):
             piece = self._held + piece
             self._held = b""
-        if (
-            not piece  # the end of a chunked body comes as an empty piece
-            or piece.endswith(_CHOICES_END)
-            or piece.endswith(_NULL_USAGE_END)
-            or piece == _DONE_EVENT
-        ):
+        if _no_usage_event(piece):
             return piece
         if not piece.endswith(b"\n\n"):  # hold back the unfinished event, if not too long
             cut = _after_boundary(piece, 0, len(piece))
@@ -214,7 +211,7 @@ class UsageTap:
             self._window.clear()
             return b""
         held, self._held = self._held, b""
-        if not held:
+        if len(held) == 0:
             return b""
         found = held.rfind(_USAGE)
         if found >= 0 and self._read_event(held, 0, found, len(held)):
@@ -257,6 +254,17 @@ class UsageTap:
             return False
         self.prompt_tokens, self.completion_tokens = numbers
         return True
+
+
+def _no_usage_event(piece: bytes) -> bool:
+    """Whether `piece` (whole events, or the start of one) surely holds no usage event, which
+    comes last: see the module docstring."""
+    return (
+        len(piece) == 0  # the end of a chunked body comes as an empty piece
+        or piece.endswith(_CHOICES_END)
+        or piece.endswith(_NULL_USAGE_END)
+        or piece == _DONE_EVENT
+    )
 
 
 def usage_of(tail: bytes) -> tuple[int | None, int | None] | None:
