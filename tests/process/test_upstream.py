@@ -29,7 +29,7 @@ from headcount._http.errors import (
 )
 from headcount._http.pool import PoolOptions, UpstreamPool, Upstreams
 from headcount._http.resolve import Resolver
-from headcount._http.upstream import ResponseHead
+from headcount._http.upstream import ResponseHead, ResponseListener
 from headcount.config import DnsSettings
 from headcount.sim.loopback import free_port
 from tests.support import EngineConnection, Script, blackholed_listener, raw_engine, wait_until
@@ -56,7 +56,7 @@ def answering(*responses: bytes, then_close: bool = False) -> Script:
     return script
 
 
-class Recorder:
+class Recorder(ResponseListener):
     """A ResponseListener that keeps what it heard."""
 
     def __init__(self) -> None:

@@ -27,6 +27,7 @@ from contextlib import suppress
 from typing import NoReturn, Protocol, cast
 
 import httptools
+from mypy_extensions import mypyc_attr
 
 from headcount._http.errors import (
     NoResponse,
@@ -90,15 +91,20 @@ class ConnectionOwner(Protocol):
         """The connection is closing: it must not be handed out again."""
 
 
-class ResponseListener(Protocol):
-    """Who hears one response on an upstream connection."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ResponseListener:
+    """Who hears one response on an upstream connection: a base class rather than a Protocol,
+    so that the call at each read is a native one where the listener is compiled (a stream's
+    every piece reaches its `Exchange` so)."""
 
     def on_response(self, head: ResponseHead | None, body: bytes, complete: bool) -> None:
         """One upstream read: the head (first time only), the body bytes it carried, whether
         the response is now whole. When `complete`, the connection is already released."""
+        raise NotImplementedError
 
     def on_upstream_error(self, error: UpstreamError) -> None:
         """The response will not complete; the connection is closed. Called at most once."""
+        raise NotImplementedError
 
 
 class _Violation(Exception):

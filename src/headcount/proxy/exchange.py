@@ -75,7 +75,7 @@ from headcount._http.errors import (
 )
 from headcount._http.handler import Responder
 from headcount._http.pool import UpstreamPool, Upstreams
-from headcount._http.upstream import ResponseHead, UpstreamConnection
+from headcount._http.upstream import ResponseHead, ResponseListener, UpstreamConnection
 from headcount._http.wire import JSON_HEADER
 from headcount.fleet import Engine, EngineLoad, Fleet, Snapshot
 from headcount.fleet.outliers import GATEWAY_ERROR, HTTP_5XX
@@ -157,7 +157,7 @@ class ExchangeContext:
     waiting ones, when their engine leaves (`engine_left`)."""
 
 
-class Exchange:
+class Exchange(ResponseListener):
     """One proxied request from routing to its single end: attempts, failover, streaming back.
 
     It is the upstream connection's `ResponseListener` and the client connection's

@@ -225,8 +225,11 @@ class UsageTap:
         event holding the last `"usage":{` at `found`: the usage event comes last, and any
         before it (continuous usage stats) is kept and superseded. Only that event is
         searched, not all of `data` (a whole stream, when it came in one read)."""
-        start = _after_boundary(data, 0, found)
-        end = _next_boundary(data, found)
+        nl = data.find(b"\n")
+        if nl > found:  # no line before it: the piece opens with it (vLLM writes it alone)
+            start, end = 0, _boundary_from(data, nl)
+        else:
+            start, end = _after_boundary(data, 0, found), _next_boundary(data, found)
         if not self._read_event(data, start, found, end):
             return data
         if start == 0:  # the piece opens with the usage event: one copy, not three
@@ -358,8 +361,12 @@ def _next_boundary(data: bytes, start: int) -> int:
     """Just past the first blank line from `start` to end, else the end of `data`; one
     search when the first line break closes a blank line (as `_after_boundary`)."""
     nl = data.find(b"\n", start)
-    if nl < 0:
-        return len(data)
+    return len(data) if nl < 0 else _boundary_from(data, nl)
+
+
+def _boundary_from(data: bytes, nl: int) -> int:
+    """Just past the first blank line that the line break at `nl` closes or opens, else the
+    end of `data` (`_next_boundary` past its search)."""
     if nl + 1 < len(data) and data[nl + 1] == _LF:
         return nl + 2
     if nl + 2 < len(data) and data[nl + 1] == _CR and data[nl + 2] == _LF:

@@ -42,7 +42,7 @@ from typing import Any
 
 from headcount._http.errors import UpstreamError
 from headcount._http.pool import Upstreams
-from headcount._http.upstream import ResponseHead, UpstreamConnection
+from headcount._http.upstream import ResponseHead, ResponseListener, UpstreamConnection
 from headcount.auth import Credentials
 from headcount.fleet import Engine
 from headcount.routing.kv.tokenize_turns import STALLED_AFTER, TokenizeTurns
@@ -254,7 +254,7 @@ class _Outcome(Enum):
     FAILED = "no answer in time, a broken connection, or an answer over its bound"
 
 
-class _Answer:
+class _Answer(ResponseListener):
     """The `ResponseListener` of one `/tokenize` call: the 200 body, or how it ended."""
 
     def __init__(self, limit: int) -> None:
