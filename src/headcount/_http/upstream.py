@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from contextlib import suppress
 from typing import NoReturn, Protocol, cast
 
@@ -118,12 +119,14 @@ class UpstreamConnection(HeadReader[ResponseHead]):
         "_body",
         "_complete",
         "_deadline",
+        "_feed",
         "_head",
         "_in_head",
         "_interim",
         "_keep_alive",
         "_listener",
         "_loop",
+        "_now",
         "_parser",
         "_paused",
         "_pool",
@@ -141,6 +144,9 @@ class UpstreamConnection(HeadReader[ResponseHead]):
         self._pool = pool
         self._loop = loop
         self._parser = httptools.HttpResponseParser(self)
+        # Bound once: compiled, a call of a bound method skips the method's lookup, per read.
+        self._feed: Callable[[bytes], None] = self._parser.feed_data
+        self._now: Callable[[], float] = loop.time
         self._transport: asyncio.Transport | None = None
         self._listener: ResponseListener | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -179,7 +185,7 @@ class UpstreamConnection(HeadReader[ResponseHead]):
         self._reset()
         self._listener = listener
         self._sent += 1
-        self._deadline = self._loop.time() + self._pool.read_timeout
+        self._deadline = self._now() + self._pool.read_timeout
         transport = self._transport
         if transport is not None and not transport.is_closing():
             if self._paused:
@@ -206,7 +212,7 @@ class UpstreamConnection(HeadReader[ResponseHead]):
     def resume_reading(self) -> None:
         if not self.closed and self._transport is not None and self._paused:
             self._paused = False
-            self._deadline = self._loop.time() + self._pool.read_timeout
+            self._deadline = self._now() + self._pool.read_timeout
             self._transport.resume_reading()
 
     # -- connection events --------------------------------------------------------------------
@@ -220,7 +226,7 @@ class UpstreamConnection(HeadReader[ResponseHead]):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 for option, value in _KEEPALIVE_TUNING:
                     sock.setsockopt(socket.IPPROTO_TCP, option, value)
-        self._deadline = self._loop.time() + self._pool.tick
+        self._deadline = self._now() + self._pool.tick
         self._timer = self._loop.call_at(self._deadline, self._on_timer)
 
     def data_received(self, data: bytes) -> None:
@@ -229,9 +235,9 @@ class UpstreamConnection(HeadReader[ResponseHead]):
             self.close()  # bytes nobody asked for: this connection cannot be trusted
             return
         self._received = True
-        self._deadline = self._loop.time() + self._pool.read_timeout
+        self._deadline = self._now() + self._pool.read_timeout
         try:
-            self._parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserUpgrade:
             self._fail(ProtocolViolation("an upgrade nobody asked for"))
             return
@@ -366,7 +372,7 @@ class UpstreamConnection(HeadReader[ResponseHead]):
         self._timer = None
         if self.closed:
             return
-        now = self._loop.time()
+        now = self._now()
         if self._paused:
             self._deadline = now + self._pool.read_timeout  # the client is slow, not the engine
         elif now >= self._deadline:

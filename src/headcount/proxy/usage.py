@@ -101,7 +101,7 @@ def ask_usage(body: dict[str, Any], raw: bytes = b"") -> bytes | None:
     """
     if body.get("stream") is not True:
         return None
-    if "stream_options" not in body and raw[:1] == b"{":
+    if "stream_options" not in body and raw.startswith(b"{"):
         return _ASKING + raw[1:]
     options = body.get("stream_options")
     if options is None:
