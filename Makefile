@@ -16,7 +16,7 @@ REDIS_SERVER := .cache/redis/usr/bin/redis-server
 # per-module `.so` files are only stubs of one shared library, left as they are when their
 # source changes: touched, they say when the build ran (src/headcount/compiled.py reads it).
 COMPILED := .cache/mypyc/built
-COMPILED_SOURCES := $(wildcard $(addprefix src/headcount/,$(addsuffix /*.py,_http proxy flow fleet auth surfaces)))
+COMPILED_SOURCES := $(wildcard $(addprefix src/headcount/,$(addsuffix /*.py,_http proxy flow fleet auth surfaces routing)))
 # (a superset of setup.py's COMPILED: a change there rebuilds too)
 
 install: $(STAMP) $(COMPILED)

@@ -24,6 +24,7 @@ COMPILED = (
     "proxy/",
     "flow/",
     "fleet/engine.py",  # an engine's load, counted by every request
+    "routing/policy.py",  # the features every request's routing reads
     "auth/keys.py",  # the key check and the tenant a key names
     "auth/credentials.py",
     "auth/tenants.py",

@@ -19,9 +19,13 @@ from headcount.routing.kv.request import KvRequest
 __all__ = ["HeaderLookup", "KeySource", "PinnedFeatures", "Policy", "RequestFeatures"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestFeatures:
-    """What a policy may read of a request."""
+    """What a policy may read of a request, and not change (a policy decides, no more).
+
+    Compiled (`setup.py`), one is made per request as cheaply as a tuple; frozen, its
+    `__init__` would set each field through `object.__setattr__`, interpreted, a
+    twentieth of a chat's instructions."""
 
     model: str
     key: str | None = None
@@ -30,7 +34,7 @@ class RequestFeatures:
     """The prompt and its cache predictions, only for the `kv-aware` policy."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PinnedFeatures(RequestFeatures):
     """A request only the engine chosen first can answer (it stores the state the request
     continues): no failover, no resume elsewhere. A kind, not a field, so that the common
