@@ -33,6 +33,7 @@ before any (the key is checked before admission, by the data plane).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from headcount._http.handler import Request
@@ -80,8 +81,10 @@ from headcount.tokens import PromptKind
 __all__ = ["Admission", "Admitted", "Later", "Refused"]
 
 
-class Admitted(NamedTuple):
-    """The engine to try first; `features` choose the next ones on failover."""
+@dataclass(slots=True)
+class Admitted:
+    """The engine to try first; `features` choose the next ones on failover. A compiled
+    dataclass, made as a native object: a NamedTuple's `__new__` is interpreted."""
 
     engine: Engine
     features: RequestFeatures
