@@ -29,7 +29,8 @@ CRLF = b"\r\n"
 CHUNKED_END = b"0\r\n\r\n"
 JSON_HEADER = b"content-type: application/json\r\n"
 
-_SIZE_LINES: Final = tuple(b"%x\r\n" % size for size in range(4096))
+_TABLED: Final = 4096
+_SIZE_LINES: Final = tuple(b"%x\r\n" % size for size in range(_TABLED))
 """A chunk's size line for the sizes a stream's pieces have (an event is a few hundred bytes)."""
 
 
@@ -39,7 +40,7 @@ def chunk(body: bytes, last: bool) -> bytes:
     Compiled, `%` with `%b` alone is one allocation and copy; `%x` is CPython's generic
     formatting, ten times the cost, so the size line comes from a table."""
     size = len(body)
-    line = _SIZE_LINES[size] if size < 4096 else b"%x\r\n" % size
+    line = _SIZE_LINES[size] if size < _TABLED else b"%x\r\n" % size
     if last:
         return b"%b%b\r\n0\r\n\r\n" % (line, body)
     return b"%b%b\r\n" % (line, body)
